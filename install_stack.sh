@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Install the patched stack into a virtual environment.
+#   bash install_stack.sh --cpu [--venv DIR]   lean CPU environment for development and CI:
+#        torch 2.13.0 (CPU), vllm 0.23.0 (VLLM_TARGET_DEVICE=empty), verl, megatron-core, mbridge,
+#        TransferQueue and npu_rl, all upstreams --no-deps from the patched trees in sources/.
+#   bash install_stack.sh --npu [--venv DIR]   on an Ascend machine with CANN sourced and torch /
+#        torch_npu / triton-ascend already installed (the A3 image): adds vllm-ascend (built against
+#        CANN) and MindSpeed to the above, without touching the image's torch.
+# Run download_sources.sh and apply_all_patches.sh first: what is installed is the patched trees
+# (editable), so apply/revert takes effect without reinstalling.
+set -euo pipefail
+
+# shellcheck source=internal/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/internal/common.sh"
+
+install::usage() {
+    sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+}
+
+install::pip() {
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@"
+}
+
+install::upstreams() {
+    local sources="$NPU_RL_ROOT/sources" name
+    for name in verl vllm megatron-core mbridge; do
+        [[ -d "$sources/$name/.git" ]] ||
+            common::die "$sources/$name is missing: run 'bash download_sources.sh && bash apply_all_patches.sh' first"
+    done
+    # Build tools for vllm live outside the venv: setuptools-scm wants packaging >= 26, tensordict < 26.
+    local tools="$VENV/build-tools"
+    if [[ ! -d "$tools/setuptools_scm" ]]; then
+        common::log "build tools -> $tools"
+        install::pip --target "$tools" -r "$NPU_RL_ROOT/constraints/build-tools.txt"
+    fi
+    common::log "vllm (VLLM_TARGET_DEVICE=empty, editable, from $sources/vllm)"
+    PYTHONPATH="$tools" PATH="$tools/bin:$VENV/bin:$PATH" VLLM_TARGET_DEVICE=empty \
+        SETUPTOOLS_SCM_PRETEND_VERSION=0.23.0 CARGO=false RUSTUP_AUTO_INSTALL=0 \
+        install::pip --no-build-isolation --no-deps -e "$sources/vllm"
+    # setuptools-scm rewrites the tracked vllm/_version.py (commit id -> None): put the
+    # pristine file back so the patch engine still sees the tree exactly as the series left it.
+    git -C "$sources/vllm" checkout --quiet -- vllm/_version.py
+    common::log "verl, megatron-core, mbridge (editable, --no-deps), TransferQueue, npu_rl"
+    # megatron-core's setup.py runs "python3 -m pybind11": the venv's python must come first.
+    PATH="$VENV/bin:$PATH" install::pip --no-build-isolation --no-deps \
+        -e "$sources/verl" -e "$sources/megatron-core" -e "$sources/mbridge" \
+        "transferqueue==0.1.8"
+    PATH="$VENV/bin:$PATH" install::pip --no-build-isolation --no-deps -e "$NPU_RL_ROOT"
+}
+
+install::cpu() {
+    common::log "lean CPU environment in $VENV"
+    install::pip -c "$NPU_RL_ROOT/constraints/cpu.txt" -r "$NPU_RL_ROOT/constraints/cpu-dev.in"
+    install::upstreams
+}
+
+install::npu() {
+    [[ -n "${ASCEND_TOOLKIT_HOME:-${ASCEND_HOME_PATH:-}}" ]] ||
+        common::die "CANN is not sourced (ASCEND_TOOLKIT_HOME unset): source /usr/local/Ascend/ascend-toolkit/set_env.sh first"
+    "$VENV/bin/python" -c 'import torch, torch_npu' 2>/dev/null ||
+        common::die "$VENV has no torch/torch_npu: use the A3 image (docker/), or install torch 2.10.0 + torch_npu 2.10.0.post4 first"
+    common::log "NPU environment in $VENV (keeps the image's torch/torch_npu)"
+    install::pip -c "$NPU_RL_ROOT/constraints/npu.txt" -r "$NPU_RL_ROOT/constraints/npu.in"
+    install::upstreams
+    local sources="$NPU_RL_ROOT/sources"
+    common::log "vllm-ascend (built against CANN, editable)"
+    PATH="$VENV/bin:$PATH" install::pip --no-build-isolation --no-deps -e "$sources/vllm-ascend"
+    if [[ -d "$sources/mindspeed" ]]; then
+        install::pip --no-deps -e "$sources/mindspeed"
+    else
+        common::die "$sources/mindspeed is missing: run 'bash download_sources.sh --from git --only mindspeed' on a machine that reaches its host"
+    fi
+}
+
+main() {
+    local mode="" venv="${NPU_RL_VENV:-$NPU_RL_ROOT/.venv}"
+    while (($#)); do
+        case "$1" in
+            --cpu | --npu) mode="${1#--}" ;;
+            --venv) venv="${2:?--venv needs a directory}"; shift ;;
+            -h | --help) install::usage; return 0 ;;
+            *) install::usage >&2; common::die "unknown argument: $1" ;;
+        esac
+        shift
+    done
+    [[ -n "$mode" ]] || { install::usage >&2; common::die "choose --cpu or --npu"; }
+    VENV="$venv"
+    if [[ ! -x "$VENV/bin/python" ]]; then
+        local base="${NPU_RL_PYTHON:-$(command -v python3.11 || command -v python3)}"
+        "$base" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' ||
+            common::die "$base is not Python 3.11 (set NPU_RL_PYTHON)"
+        # --system-site-packages on NPU keeps the image's torch/torch_npu/CANN Python packages.
+        if [[ "$mode" == npu ]]; then "$base" -m venv --system-site-packages "$VENV"; else "$base" -m venv "$VENV"; fi
+    fi
+    local started=$SECONDS
+    "install::$mode"
+    "$VENV/bin/python" -c 'import verl, vllm, megatron.core, npu_rl' 2>/dev/null ||
+        common::die "the stack does not import: $VENV/bin/python -c 'import verl, vllm, megatron.core, npu_rl'"
+    common::log "done in $((SECONDS - started)) s: $VENV/bin/python -c 'import verl, vllm, megatron.core, npu_rl' works"
+}
+
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+    main "$@"
+fi

@@ -1,0 +1,62 @@
+# shellcheck shell=bash
+# Shared helpers for the npu-rl-recipes entry points. Source it; it defines functions only.
+#   common::log MSG...   message to stderr (coloured only on a terminal)
+#   common::die MSG...   message to stderr, exit 1
+#   common::python       print the path of a Python >= 3.11 that has the package's tool deps,
+#                        bootstrapping a small virtual environment (.venv-tools) when none has.
+
+NPU_RL_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export NPU_RL_ROOT
+
+common::log() {
+    if [[ -t 2 ]]; then
+        printf '\033[1;34m[npu-rl]\033[0m %s\n' "$*" >&2
+    else
+        printf '[npu-rl] %s\n' "$*" >&2
+    fi
+}
+
+common::die() {
+    if [[ -t 2 ]]; then
+        printf '\033[1;31m[npu-rl] error:\033[0m %s\n' "$*" >&2
+    else
+        printf '[npu-rl] error: %s\n' "$*" >&2
+    fi
+    exit 1
+}
+
+# True if $1 is a Python >= 3.11 that imports the tool dependencies of npu_rl.
+common::_python_ok() {
+    "$1" - <<'PY' >/dev/null 2>&1
+import sys
+assert sys.version_info >= (3, 11)
+import git, pypi_simple, tqdm  # noqa: F401
+PY
+}
+
+common::python() {
+    local candidate
+    for candidate in "${NPU_RL_PYTHON:-}" "$NPU_RL_ROOT/.venv/bin/python" "$NPU_RL_ROOT/.venv-tools/bin/python" \
+        "$(command -v python3 || true)"; do
+        if [[ -n "$candidate" && -x "$candidate" ]] && common::_python_ok "$candidate"; then
+            printf '%s\n' "$candidate"
+            return 0
+        fi
+    done
+    local base="${NPU_RL_PYTHON:-$(command -v python3.11 || command -v python3 || true)}"
+    [[ -n "$base" ]] || common::die "no python3 found; install Python 3.11 (or set NPU_RL_PYTHON)"
+    "$base" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+        common::die "$base is Python $("$base" -c 'import sys; print(sys.version.split()[0])'); Python >= 3.11 is needed (set NPU_RL_PYTHON)"
+    common::log "bootstrapping tool environment $NPU_RL_ROOT/.venv-tools (GitPython, pypi-simple, tqdm)"
+    "$base" -m venv "$NPU_RL_ROOT/.venv-tools" >&2 || common::die "cannot create $NPU_RL_ROOT/.venv-tools"
+    "$NPU_RL_ROOT/.venv-tools/bin/python" -m pip install --quiet -r "$NPU_RL_ROOT/constraints/tools.txt" >&2 ||
+        common::die "installing the tool dependencies failed (see pip's message above)"
+    printf '%s\n' "$NPU_RL_ROOT/.venv-tools/bin/python"
+}
+
+# Run "python -m MODULE ARGS..." from the repository root's package, whatever the caller's cwd.
+common::run_module() {
+    local py
+    py="$(common::python)"
+    PYTHONPATH="$NPU_RL_ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$py" -m "$@"
+}

@@ -1,0 +1,54 @@
+"""One exception hierarchy for the whole package; CLIs turn these into messages and exit codes."""
+
+
+class NpuRlError(Exception):
+    """Base of every error this package raises on bad input or a refused operation.
+
+    ``exit_code`` is what a CLI exits with when this error ends it.
+    """
+
+    exit_code = 1
+
+
+class LockError(NpuRlError):
+    """sources.lock is missing, malformed, or does not name the requested upstream."""
+
+    exit_code = 4
+
+
+class SourceError(NpuRlError):
+    """An upstream archive or checkout cannot be fetched, verified or unpacked."""
+
+    exit_code = 1
+
+
+class DigestError(SourceError):
+    """A downloaded archive's sha256 (or a checkout's commit) is not the locked one."""
+
+
+class SourceUnreachable(SourceError):
+    """The upstream's host cannot be reached from this machine (network, DNS, firewall)."""
+
+
+class TreeStateError(NpuRlError):
+    """A tree under sources/ is missing, at another pin, or modified: refused, left untouched."""
+
+    exit_code = 3
+
+
+class SeriesError(NpuRlError):
+    """The patch series is malformed: naming, order, missing file, missing header field."""
+
+    exit_code = 4
+
+
+class ConflictError(NpuRlError):
+    """A patch of the series does not apply; every tree was left (or put back) as it started."""
+
+    exit_code = 1
+
+
+class VerifyError(NpuRlError):
+    """A tree did not reach the state the series defines after applying or reverting."""
+
+    exit_code = 5

@@ -1,0 +1,152 @@
+"""Reading and validating ``sources.lock``, the pins of every upstream tree.
+
+The lock is TOML; its header comment documents every key. Loading is strict: an unknown key, a
+short commit or a malformed digest is an error naming the upstream and the key.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from npu_rl import REPO_ROOT
+from npu_rl.errors import LockError
+
+LOCK_PATH = REPO_ROOT / "sources.lock"
+
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+_SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_ARCHIVE_SUFFIXES = (".tar.gz", ".zip", ".whl")
+
+_UPSTREAM_KEYS = {"name", "version", "git", "ref", "commit", "patch_root", "paths", "note", "pypi"}
+_REQUIRED_KEYS = {"name", "version", "git", "ref", "commit"}
+_PYPI_KEYS = {"project", "filename", "sha256"}
+
+
+@dataclass(frozen=True)
+class PypiArchive:
+    """An archive of the upstream on the package index: project, file name, sha256 (hex)."""
+
+    project: str
+    filename: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """One pinned upstream tree (one ``[[upstream]]`` table of the lock)."""
+
+    name: str
+    version: str
+    git: str
+    ref: str
+    commit: str
+    patch_root: str = "."
+    paths: tuple[str, ...] = ()
+    note: str = ""
+    pypi: PypiArchive | None = None
+
+    @property
+    def identity(self) -> str:
+        """The string recorded in a tree's baseline commit: what the tree is, independent of
+        whether it was built from the index archive or from git."""
+        return f"{self.name} {self.version} {self.commit}"
+
+    def sources(self) -> tuple[str, ...]:
+        """The sources this upstream can be built from, preferred first ('pypi', 'git')."""
+        return ("pypi", "git") if self.pypi else ("git",)
+
+
+@dataclass(frozen=True)
+class Lock:
+    """The parsed lock: upstreams in file order, keyed by name."""
+
+    path: Path
+    upstreams: dict[str, Upstream]
+
+    def get(self, name: str) -> Upstream:
+        """Return the upstream called ``name``; LockError listing the known names otherwise."""
+        try:
+            return self.upstreams[name]
+        except KeyError:
+            known = ", ".join(self.upstreams)
+            raise LockError(f"{self.path.name}: no upstream named {name!r} (known: {known})") from None
+
+
+def _check_keys(where: str, table: dict, allowed: set[str], required: set[str]) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise LockError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    missing = sorted(required - set(table))
+    if missing:
+        raise LockError(f"{where}: missing key(s) {', '.join(missing)}")
+
+
+def _parse_upstream(path: Path, index: int, table: dict) -> Upstream:
+    where = f"{path.name}: upstream #{index + 1} ({table.get('name', '?')})"
+    if not isinstance(table, dict):
+        raise LockError(f"{where}: must be a table")
+    _check_keys(where, table, _UPSTREAM_KEYS, _REQUIRED_KEYS)
+    for key in ("name", "version", "git", "ref", "commit", "patch_root", "note"):
+        if key in table and not isinstance(table[key], str):
+            raise LockError(f"{where}: key {key!r} must be a string, got {table[key]!r}")
+    if not _NAME_RE.match(table["name"]):
+        raise LockError(f"{where}: name {table['name']!r} must be lower case letters, digits and '-'")
+    if not _SHA1_RE.match(table["commit"]):
+        raise LockError(f"{where}: commit {table['commit']!r} must be a full 40-hex-digit SHA")
+    pypi = None
+    if "pypi" in table:
+        p = table["pypi"]
+        _check_keys(f"{where} [pypi]", p, _PYPI_KEYS, _PYPI_KEYS)
+        if not _SHA256_RE.match(p["sha256"]):
+            raise LockError(f"{where}: pypi.sha256 {p['sha256']!r} must be 64 lower-case hex digits")
+        if not p["filename"].endswith(_ARCHIVE_SUFFIXES):
+            raise LockError(f"{where}: pypi.filename {p['filename']!r} must end with one of {_ARCHIVE_SUFFIXES}")
+        pypi = PypiArchive(project=p["project"], filename=p["filename"], sha256=p["sha256"])
+    paths = table.get("paths", [])
+    if not isinstance(paths, list) or not all(isinstance(x, str) and x and not x.startswith("/") for x in paths):
+        raise LockError(f"{where}: paths must be a list of relative paths, got {paths!r}")
+    return Upstream(
+        name=table["name"],
+        version=table["version"],
+        git=table["git"],
+        ref=table["ref"],
+        commit=table["commit"],
+        patch_root=table.get("patch_root", "."),
+        paths=tuple(paths),
+        note=table.get("note", ""),
+        pypi=pypi,
+    )
+
+
+def load_lock(path: Path | str | None = None) -> Lock:
+    """Load and validate a lock file (default: the repository's ``sources.lock``).
+
+    Raises:
+        LockError: the file is missing, is not TOML, or an entry is malformed; the message names
+            the file, the upstream and the key.
+    """
+    path = Path(path) if path else LOCK_PATH
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise LockError(f"lock file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise LockError(f"{path}: not valid TOML: {exc}") from None
+    if data.get("schema") != 1:
+        raise LockError(f"{path}: expected 'schema = 1' at the top, got {data.get('schema')!r}")
+    extra = sorted(set(data) - {"schema", "upstream"})
+    if extra:
+        raise LockError(f"{path}: unknown top-level key(s) {', '.join(extra)}")
+    upstreams: dict[str, Upstream] = {}
+    for i, table in enumerate(data.get("upstream", [])):
+        up = _parse_upstream(path, i, table)
+        if up.name in upstreams:
+            raise LockError(f"{path}: upstream {up.name!r} appears twice")
+        upstreams[up.name] = up
+    if not upstreams:
+        raise LockError(f"{path}: no [[upstream]] entries")
+    return Lock(path=path, upstreams=upstreams)

@@ -1,0 +1,5 @@
+import sys
+
+from npu_rl.patches.cli import main
+
+sys.exit(main())

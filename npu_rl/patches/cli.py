@@ -1,0 +1,127 @@
+"""Command line of the patch engine (``apply_all_patches.sh`` runs ``python -m npu_rl.patches``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from npu_rl import REPO_ROOT
+from npu_rl.errors import NpuRlError
+from npu_rl.lock import load_lock
+from npu_rl.patches import engine, export
+from npu_rl.patches.series import load_series
+
+EXIT_CODES = """exit codes:
+  0  done: applied, already applied (nothing changed), check passed, reverted, status consistent
+  1  a patch does not apply; the message names the patch, file and hunk; no tree was changed
+  2  usage error
+  3  a tree is missing, at another pin, modified by hand or partially patched: refused, untouched
+  4  the series or sources.lock is malformed (naming, order, header, missing file)
+  5  a tree did not reach the expected state after apply/revert (rolled back where possible)
+"""
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--sources",
+        type=Path,
+        default=None,
+        help="folder holding the upstream trees (default: $NPU_RL_SOURCES or <repo>/sources)",
+    )
+    p.add_argument("--patches", type=Path, default=None, help=argparse.SUPPRESS)  # tests: another series
+    p.add_argument("--lock", type=Path, default=None, help=argparse.SUPPRESS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="apply_all_patches.sh",
+        description="Apply the npu-rl-recipes patch series to the pinned upstream trees, all or nothing. "
+        "Maintainer commands: 'python -m npu_rl.patches {edit,export,tests} --help'.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="dry-run the whole series; change nothing")
+    mode.add_argument(
+        "--status", action="store_true", help="per upstream: version, baseline ok?, patches applied n/m, series digest"
+    )
+    mode.add_argument("--revert", action="store_true", help="restore every tree to its exact baseline")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="act on these upstreams only")
+    p.add_argument("--force", action="store_true", help="with --revert: also drop commits made on top of the baseline")
+    _common(p)
+    return p
+
+
+def build_maintainer_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m npu_rl.patches", epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    e = sub.add_parser("edit", help="commit the series onto sources/NAME, one commit per patch, to edit with git")
+    e.add_argument("name")
+    _common(e)
+    x = sub.add_parser("export", help="write the commits on top of sources/NAME's baseline back as its series")
+    x.add_argument("name")
+    _common(x)
+    t = sub.add_parser("tests", help="print the upstream test paths named by the patches' Tests: fields")
+    t.add_argument("--only", nargs="+", metavar="NAME")
+    _common(t)
+    return p
+
+
+def _sources_dir(arg: Path | None) -> Path:
+    if arg is not None:
+        return arg.resolve()
+    env = os.environ.get("NPU_RL_SOURCES")
+    return Path(env).resolve() if env else REPO_ROOT / "sources"
+
+
+def _print_status(rows: list[engine.StatusRow]) -> None:
+    head = ("upstream", "version", "source", "baseline", "applied", "series")
+    table = [head] + [(r.name, r.version, r.source, r.baseline, r.applied, r.digest) for r in rows]
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
+    for row in table:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    maintainer = bool(argv) and argv[0] in ("edit", "export", "tests")
+    parser = build_maintainer_parser() if maintainer else build_parser()
+    args = parser.parse_args(argv)
+    sources = _sources_dir(args.sources)
+    patches_dir = args.patches.resolve() if args.patches else None
+    started = time.monotonic()
+    try:
+        lock = load_lock(args.lock)
+        if maintainer:
+            if args.command == "tests":
+                for up in engine.select(lock, args.only):
+                    for p in load_series(up.name, patches_dir).patches:
+                        for t in p.tests:
+                            print(f"{up.name} {t}")
+                return 0
+            up = lock.get(args.name)
+            (export.edit if args.command == "edit" else export.export)(up, sources, patches_dir)
+            return 0
+        if args.status:
+            rows = engine.status(lock, sources, patches_dir, args.only)
+            _print_status(rows)
+            return 0 if all(r.ok for r in rows) else 3
+        if args.revert:
+            engine.revert(lock, sources, patches_dir, args.only, force=args.force)
+        elif args.check:
+            engine.check(lock, sources, patches_dir, args.only)
+        else:
+            engine.apply(lock, sources, patches_dir, args.only)
+    except NpuRlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    print(f"done in {time.monotonic() - started:.1f} s")
+    return 0

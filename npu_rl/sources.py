@@ -1,0 +1,393 @@
+"""Download the pinned upstream trees into ``sources/`` (``download_sources.sh``).
+
+Each upstream becomes ``sources/<name>``: a git repository whose single commit, tagged
+``upstream``, is the pristine tree, so the patch engine can check, apply and revert with git.
+Archives come from the package index the user configured for pip (``PIP_INDEX_URL`` or
+``pip config``; the client library's default otherwise), are verified against the sha256 in
+``sources.lock`` and cached in ``$NPU_RL_CACHE``; git checkouts are verified against the
+locked commit. Nothing unverified is ever kept: a mismatching download is deleted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import git as gitpython
+
+from npu_rl import REPO_ROOT
+from npu_rl.errors import DigestError, LockError, NpuRlError, SourceError, SourceUnreachable, TreeStateError
+from npu_rl.gittree import IDENTITY_TRAILER, SOURCE_TRAILER, Tree, git, git_error_text, init_baseline
+from npu_rl.lock import Lock, Upstream, load_lock
+
+CHUNK = 1 << 20
+GIT_TIMEOUT_S = float(os.environ.get("NPU_RL_GIT_TIMEOUT", "120"))
+
+
+# --- configuration ------------------------------------------------------------------------------
+def cache_dir() -> Path:
+    """``$NPU_RL_CACHE``, else ``$XDG_CACHE_HOME/npu-rl-recipes``, else ``~/.cache/npu-rl-recipes``."""
+    if os.environ.get("NPU_RL_CACHE"):
+        return Path(os.environ["NPU_RL_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "npu-rl-recipes"
+
+
+def pip_setting(key: str) -> str | None:
+    """The effective value of a pip option (``index-url``, ``cert``) as pip itself resolves it:
+    ``PIP_<KEY>`` environment variable, then the ``download``/``install``/``global`` sections of
+    the pip configuration files (``pip config list``). None when unset."""
+    env = os.environ.get("PIP_" + key.upper().replace("-", "_"))
+    if env:
+        return env.split()[0]
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = {}
+    for line in out.splitlines():
+        name, _, value = line.partition("=")
+        section, _, option = name.partition(".")
+        if option == key:
+            found[section] = value.strip().strip("'\"")
+    for section in ("download", "install", "global"):
+        if section in found:
+            return found[section].split()[0]
+    return None
+
+
+# --- archives -----------------------------------------------------------------------------------
+def sha256_of(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(CHUNK), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass
+class Outcome:
+    """One line of the summary table."""
+
+    name: str
+    version: str
+    source: str = "-"
+    sha: str = "-"
+    state: str = ""
+    seconds: float = 0.0
+
+
+class Downloader:
+    """Fetches and verifies archives into the cache, using the configured package index."""
+
+    def __init__(self, cache: Path, log=print) -> None:
+        self.cache = cache
+        self.archives = cache / "archives"
+        self.log = log
+        self._client = None
+        self.index_url = pip_setting("index-url")
+
+    def _pypi(self):
+        if self._client is None:
+            from pypi_simple import PyPISimple
+
+            cert = pip_setting("cert")
+            kwargs = {"endpoint": self.index_url} if self.index_url else {}
+            self._client = PyPISimple(**kwargs)
+            if cert:
+                self._client.s.verify = cert
+        return self._client
+
+    def fetch(self, up: Upstream) -> tuple[Path, str]:
+        """Return the verified archive of ``up`` in the cache and how it got there.
+
+        States: ``cached`` (present and verified), ``downloaded``, ``re-downloaded`` (a cached
+        copy was truncated or corrupt, or an interrupted download was left behind).
+
+        Raises:
+            DigestError: the index served a file whose sha256 is not the locked one (deleted).
+            SourceError: the index does not list the locked file, or the download failed.
+        """
+        assert up.pypi is not None
+        self.archives.mkdir(parents=True, exist_ok=True)
+        final = self.archives / up.pypi.filename
+        part = final.with_name(final.name + ".part")
+        again = False
+        if part.exists():
+            self.log(f"{up.name}: removing {part.name} left by an interrupted download")
+            part.unlink()
+            again = True
+        if final.exists():
+            got = sha256_of(final)
+            if got == up.pypi.sha256:
+                return final, "cached"
+            self.log(
+                f"{up.name}: cached {final.name} is truncated or corrupt (sha256 {got[:12]}..., "
+                f"{final.stat().st_size} bytes); fetching it again"
+            )
+            final.unlink()
+            again = True
+        self._download(up, part)
+        got = sha256_of(part)
+        if got != up.pypi.sha256:
+            part.unlink()
+            raise DigestError(
+                f"{up.name}: {up.pypi.filename} from {self._index_label()} has sha256 {got}, "
+                f"but sources.lock pins {up.pypi.sha256}. The file was deleted. If your index is a mirror, "
+                "it serves a different file under this name: fix the mirror, or use --from git."
+            )
+        os.replace(part, final)
+        return final, "re-downloaded" if again else "downloaded"
+
+    def _index_label(self) -> str:
+        return self.index_url or "the default package index"
+
+    def _download(self, up: Upstream, dest: Path) -> None:
+        import requests
+
+        client = self._pypi()
+        try:
+            page = client.get_project_page(up.pypi.project)
+        except Exception as exc:  # noqa: BLE001 - requests/pypi_simple raise many kinds
+            raise SourceUnreachable(
+                f"{up.name}: cannot read project {up.pypi.project!r} from {self._index_label()}: {exc}"
+            ) from None
+        matches = [p for p in page.packages if p.filename == up.pypi.filename]
+        if not matches:
+            raise SourceError(
+                f"{up.name}: {self._index_label()} does not list {up.pypi.filename} "
+                f"for project {up.pypi.project!r}; is the mirror complete?"
+            )
+        progress = None
+        if sys.stderr.isatty():
+            from pypi_simple import tqdm_progress_factory
+
+            progress = tqdm_progress_factory(desc=up.pypi.filename, leave=False)
+        try:
+            client.download_package(matches[0], dest, verify=False, progress=progress, keep_on_error=True)
+        except (requests.RequestException, OSError) as exc:
+            if dest.exists():
+                dest.unlink()
+            raise SourceError(f"{up.name}: downloading {up.pypi.filename} failed: {exc}") from None
+
+
+def _extract(archive: Path, into: Path) -> Path:
+    """Extract ``archive`` into ``into``; return the tree root (the single top folder, stripped)."""
+    if archive.name.endswith(".tar.gz"):
+        with tarfile.open(archive, "r:gz") as tf:
+            # The "data" filter (Python >= 3.11.4) refuses absolute paths, links out of the tree, devices.
+            if hasattr(tarfile, "data_filter"):
+                tf.extractall(into, filter="data")
+            else:  # pragma: no cover - older 3.11 patch releases
+                tf.extractall(into)
+    else:
+        with zipfile.ZipFile(archive) as zf:
+            zf.extractall(into)
+    entries = list(into.iterdir())
+    if archive.name.endswith(".tar.gz") and len(entries) == 1 and entries[0].is_dir():
+        return entries[0]
+    return into
+
+
+# --- trees --------------------------------------------------------------------------------------
+def tree_state(up: Upstream, dest: Path) -> str:
+    """'absent', 'ok' (at the locked baseline), or a description of what is there instead."""
+    tree = Tree(dest / up.name)
+    if not tree.exists():
+        return "absent"
+    if not tree.is_ours():
+        return "not a tree made by download_sources.sh"
+    ident = tree.identity()
+    return "ok" if ident == up.identity else f"at baseline {ident!r}"
+
+
+def _install_tree(up: Upstream, built_root: Path, dest: Path, source: str, force: bool) -> None:
+    trailers = {IDENTITY_TRAILER: up.identity, SOURCE_TRAILER: source}
+    init_baseline(built_root, f"{up.name} {up.version}: pristine upstream tree", trailers)
+    target = dest / up.name
+    if target.exists():
+        if not force:  # checked before downloading; re-checked in case it appeared meanwhile
+            raise TreeStateError(f"{target} exists; use --force to replace it")
+        trash = dest / f".{up.name}.old-{os.getpid()}"
+        os.replace(target, trash)
+        os.replace(built_root, target)
+        shutil.rmtree(trash)
+    else:
+        os.replace(built_root, target)
+
+
+def build_from_archive(up: Upstream, archive: Path, dest: Path, force: bool) -> None:
+    """Unpack a verified archive into ``dest/<name>`` as a baseline git tree (atomic rename)."""
+    with tempfile.TemporaryDirectory(prefix=f".{up.name}.tmp-", dir=dest) as tmp:
+        root = _extract(archive, Path(tmp) / "x")
+        _install_tree(up, root, dest, f"pypi {up.pypi.filename}", force)
+
+
+def build_from_git(up: Upstream, dest: Path, force: bool) -> None:
+    """Fetch exactly the locked commit, verify it, and make ``dest/<name>`` from its tree.
+
+    Raises:
+        SourceUnreachable: the repository cannot be reached (network, DNS, missing path).
+        DigestError: the repository does not have the locked commit.
+    """
+    with tempfile.TemporaryDirectory(prefix=f".{up.name}.tmp-", dir=dest) as tmp:
+        clone = Path(tmp) / "clone"
+        clone.mkdir()
+        git(clone, "init", "--quiet")
+        try:
+            git(clone, "fetch", "--quiet", "--depth", "1", up.git, up.commit, timeout=GIT_TIMEOUT_S)
+        except gitpython.GitCommandError as exc:
+            msg = git_error_text(exc)
+            if any(
+                s in msg
+                for s in ("not our ref", "couldn't find remote ref", "unadvertised object", "no such remote ref")
+            ):
+                raise DigestError(
+                    f"{up.name}: {up.git} has no commit {up.commit} (sources.lock); git said: {msg}"
+                ) from None
+            raise SourceUnreachable(f"cannot reach {up.git} ({msg.splitlines()[-1] if msg else 'no answer'})") from None
+        got = git(clone, "rev-parse", "FETCH_HEAD")
+        if got != up.commit:
+            raise DigestError(f"{up.name}: fetched commit {got}, sources.lock pins {up.commit}; refused")
+        git(clone, "checkout", "--quiet", "FETCH_HEAD")
+        if (clone / ".gitmodules").exists():
+            git(
+                clone,
+                "submodule",
+                "update",
+                "--quiet",
+                "--init",
+                "--recursive",
+                "--depth",
+                "1",
+                timeout=GIT_TIMEOUT_S * 5,
+            )
+        root = Path(tmp) / "tree"
+        root.mkdir()
+        for rel in up.paths or [p.name for p in clone.iterdir() if p.name != ".git"]:
+            src = clone / rel
+            if not src.exists():
+                raise SourceError(f"{up.name}: sources.lock paths entry {rel!r} is not in commit {up.commit}")
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            if src.is_dir():
+                shutil.copytree(src, root / rel, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+            else:
+                shutil.copy2(src, root / rel)
+        _install_tree(up, root, dest, f"git {up.commit[:12]}", force)
+
+
+# --- command line -------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="download_sources.sh",
+        description="Download the pinned upstream trees (sources.lock) into DEST as baseline git trees.",
+        epilog="exit codes: 0 every requested tree is at its pin (SKIPPED lines are not failures); "
+        "1 a download or verification failed; 2 usage; 3 a tree is at another pin (use --force); "
+        "4 sources.lock is malformed.\n"
+        "environment: NPU_RL_CACHE (archive cache), PIP_INDEX_URL / pip.conf (package index), "
+        "NPU_RL_GIT_TIMEOUT (seconds per git fetch).",
+    )
+    p.add_argument(
+        "--from",
+        dest="source",
+        choices=("auto", "pypi", "git"),
+        default="auto",
+        help="auto: the package index where the lock has an archive, git otherwise (default)",
+    )
+    p.add_argument("--dest", type=Path, default=None, help="destination folder (default: <repo>/sources)")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="only these upstreams (failures are then fatal)")
+    p.add_argument("--force", action="store_true", help="replace trees that are at another baseline")
+    p.add_argument(
+        "--no-git",
+        action="store_true",
+        help="never contact git hosts: upstreams without an index archive are SKIPPED (CI)",
+    )
+    p.add_argument("--lock", type=Path, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def process(up: Upstream, how: str, dest: Path, downloader: Downloader, force: bool, no_git: bool = False) -> Outcome:
+    """Bring one upstream to its locked baseline; return its summary row."""
+    out = Outcome(up.name, up.version)
+    started = time.monotonic()
+    state = tree_state(up, dest)
+    source = ("pypi" if up.pypi else "git") if how == "auto" else how
+    out.source = source
+    out.sha = up.pypi.sha256[:12] if source == "pypi" and up.pypi else up.commit[:12]
+    if state == "ok":
+        out.state = "up to date"
+    elif state != "absent" and not force:
+        raise TreeStateError(
+            f"{dest / up.name} is {state}, not {up.identity!r}; rerun with --force to replace it "
+            "(local changes in it are lost), or choose another --dest"
+        )
+    elif source == "pypi":
+        if up.pypi is None:
+            raise SourceUnreachable("no archive on the package index (git only); use --from auto or git")
+        archive, how_got = downloader.fetch(up)
+        build_from_archive(up, archive, dest, force)
+        out.state = f"{how_got}, unpacked"
+    else:
+        if no_git:
+            raise SourceUnreachable("git sources disabled by --no-git (this upstream is git only)")
+        build_from_git(up, dest, force)
+        out.state = "cloned"
+    out.seconds = time.monotonic() - started
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    started = time.monotonic()
+    try:
+        lock: Lock = load_lock(args.lock)
+        names = args.only or list(lock.upstreams)
+        ups = [lock.get(n) for n in names]
+    except LockError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    dest = (args.dest or REPO_ROOT / "sources").resolve()
+    dest.mkdir(parents=True, exist_ok=True)
+    downloader = Downloader(cache_dir(), log=lambda m: print(m, file=sys.stderr))
+    rows, failures, code = [], [], 0
+    for up in ups:
+        try:
+            rows.append(process(up, args.source, dest, downloader, args.force, args.no_git))
+        except SourceUnreachable as exc:
+            if args.only:
+                failures.append(f"{up.name}: {exc}")
+                code = max(code, exc.exit_code)
+                rows.append(Outcome(up.name, up.version, args.source, "-", "FAILED"))
+            else:
+                print(f"SKIPPED {up.name}: {exc}")
+                rows.append(Outcome(up.name, up.version, "-", "-", "SKIPPED"))
+        except NpuRlError as exc:
+            failures.append(str(exc))
+            code = max(code, exc.exit_code)
+            rows.append(Outcome(up.name, up.version, "-", "-", "FAILED"))
+    head = ("upstream", "version", "source", "sha", "state", "time")
+    table = [head] + [(r.name, r.version, r.source, r.sha, r.state, f"{r.seconds:.1f}s") for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    print(f"sources in {dest}; cache {downloader.archives}; took {time.monotonic() - started:.1f} s")
+    for f in failures:
+        print(f"error: {f}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Shared fixtures: pinned upstream trees (real archives, verified), isolated git, a local index.
+
+Archives come from the cache (``$NPU_RL_CACHE``), downloaded once from the package index the
+machine is configured for; trees are built once per session and copied per test.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from npu_rl import REPO_ROOT
+from npu_rl.lock import load_lock
+from npu_rl.patches.series import load_series
+from npu_rl.sources import Downloader, build_from_archive, cache_dir
+
+
+@pytest.fixture(autouse=True)
+def _isolated_git(tmp_path_factory, monkeypatch):
+    """No user or system git config leaks into a test (our git() also ignores them)."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+
+
+@pytest.fixture(scope="session")
+def lock():
+    return load_lock()
+
+
+@pytest.fixture(scope="session")
+def patched_upstreams(lock):
+    """Names of the upstreams that have a non-empty series."""
+    return [name for name in lock.upstreams if load_series(name).patches]
+
+
+@pytest.fixture(scope="session")
+def archive(lock):
+    """Return a function name -> verified archive path in the real cache (fetched once)."""
+    downloader = Downloader(cache_dir(), log=lambda m: None)
+
+    @functools.cache
+    def get(name: str) -> Path:
+        path, _ = downloader.fetch(lock.get(name))
+        return path
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def pristine_sources(tmp_path_factory, lock, archive, patched_upstreams):
+    """A sources/ folder with a pristine baseline tree of every patched upstream (plus mbridge)."""
+    dest = tmp_path_factory.mktemp("pristine-sources")
+    for name in sorted({*patched_upstreams, "mbridge"}):
+        build_from_archive(lock.get(name), archive(name), dest, force=False)
+    return dest
+
+
+@pytest.fixture
+def sources(tmp_path, pristine_sources):
+    """A private copy of the pristine trees for one test."""
+    dest = tmp_path / "sources"
+    shutil.copytree(pristine_sources, dest, symlinks=True)
+    return dest
+
+
+def run_script(script: str, *args: str, cwd: Path | None = None, env: dict | None = None):
+    """Run one of the repository's bash entry points; return CompletedProcess (text)."""
+    full_env = {**os.environ, "NPU_RL_PYTHON": sys.executable, **(env or {})}
+    return subprocess.run(
+        ["bash", str(REPO_ROOT / script), *args],
+        cwd=cwd or REPO_ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    requests_seen: list[str]
+
+    def log_message(self, fmt, *args):  # keep pytest output clean; remember what was asked
+        self.server.requests_seen.append(self.path)
+
+
+@pytest.fixture
+def local_index(tmp_path):
+    """A PEP 503 simple index on 127.0.0.1 serving files we put in it.
+
+    Returns an object with ``add(project, file_path, served_name=None)``, ``url`` and
+    ``requests`` (paths requested so far).
+    """
+    root = tmp_path / "index"
+    (root / "simple").mkdir(parents=True)
+    (root / "files").mkdir()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Handler, directory=str(root)))
+    server.requests_seen = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+
+    class Index:
+        url = f"http://127.0.0.1:{server.server_address[1]}/simple/"
+        requests = server.requests_seen
+
+        def add(self, project: str, file_path: Path, served_name: str | None = None) -> None:
+            name = served_name or file_path.name
+            shutil.copyfile(file_path, root / "files" / name)
+            page = root / "simple" / project
+            page.mkdir(exist_ok=True)
+            links = [f'<a href="../../files/{n.name}">{n.name}</a><br>' for n in sorted((root / "files").iterdir())]
+            (page / "index.html").write_text("<!DOCTYPE html><html><body>" + "".join(links) + "</body></html>")
+
+    yield Index()
+    server.shutdown()
+    server.server_close()

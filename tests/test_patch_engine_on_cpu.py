@@ -1,0 +1,231 @@
+"""The patch engine against the real pinned trees: all-or-nothing, idempotent, refuses bad trees.
+
+Nothing here mocks git or the archives; the trees are the verified upstream archives unpacked.
+"""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from npu_rl.errors import ConflictError, TreeStateError
+from npu_rl.gittree import PatchApplyError, Tree, git
+from npu_rl.patches import engine, export
+from npu_rl.patches.cli import main as patches_main
+from npu_rl.patches.series import PATCHES_DIR, load_series
+from tests.conftest import run_script
+
+HCCL = "verl/checkpoint_engine/hccl_checkpoint_engine.py"
+
+
+def tree_hashes(sources: Path) -> dict[str, str]:
+    return {p.name: Tree(p).worktree_hash() for p in sorted(sources.iterdir()) if (p / ".git").is_dir()}
+
+
+def baseline_hashes(sources: Path) -> dict[str, str]:
+    return {p.name: Tree(p).baseline_tree() for p in sorted(sources.iterdir()) if (p / ".git").is_dir()}
+
+
+def cli(*args, sources, patches=None):
+    extra = ["--sources", str(sources)] + (["--patches", str(patches)] if patches else [])
+    return patches_main([*args, *extra])
+
+
+@pytest.fixture
+def series_copy(tmp_path):
+    dest = tmp_path / "patches"
+    shutil.copytree(PATCHES_DIR, dest)
+    return dest
+
+
+def test_every_patch_applies_and_twice_is_identical(sources, patched_upstreams, capsys):
+    assert patched_upstreams, "the series has at least the verl backport"
+    assert cli("--check", sources=sources) == 0
+    assert tree_hashes(sources) == baseline_hashes(sources)  # --check changed nothing
+    assert cli(sources=sources) == 0
+    first = tree_hashes(sources)
+    for name in patched_upstreams:
+        assert first[name] != Tree(sources / name).baseline_tree()
+    assert "asyncio.get_running_loop" not in (sources / "verl" / HCCL).read_text()
+    capsys.readouterr()
+    assert cli(sources=sources) == 0
+    assert "already applied" in capsys.readouterr().out
+    assert tree_hashes(sources) == first
+    assert cli("--check", sources=sources) == 0
+
+
+def test_conflicting_patch_changes_nothing_and_names_patch_and_file(sources, series_copy, capsys):
+    before = tree_hashes(sources)
+    bad = series_copy / "verl" / "0999-verl-bugfix-conflict.patch"
+    bad.write_text(
+        "Subject: conflicting change\nKind: bugfix\nWhy: test\nSwitch: none\nUpstream: none\n---\n"
+        f"diff --git a/{HCCL} b/{HCCL}\n--- a/{HCCL}\n+++ b/{HCCL}\n@@ -14,3 +14,3 @@\n"
+        " import asyncio\n-import logging\n+import logging  # changed\n import os\n"
+    )
+    with open(series_copy / "verl" / "series", "a") as fh:
+        fh.write(bad.name + "\n")
+    assert cli(sources=sources, patches=series_copy) == 1
+    err = capsys.readouterr().err
+    assert "0999-verl-bugfix-conflict.patch" in err and HCCL in err
+    assert tree_hashes(sources) == before == baseline_hashes(sources)
+    for name in before:
+        assert git(sources / name, "status", "--porcelain") == ""
+
+
+def test_failure_while_applying_rolls_back_trees_already_patched(sources, series_copy, monkeypatch, capsys):
+    # Two upstreams with patches: verl (real) and mbridge (a real, valid patch). The second tree's
+    # working-tree apply fails after the first tree was really patched: both must end at baseline.
+    d = series_copy / "mbridge"
+    d.mkdir()
+    mb = sources / "mbridge"
+    (mb / "mbridge" / "__init__.py").write_text((mb / "mbridge" / "__init__.py").read_text() + "# npu_rl test\n")
+    diff = git(mb, "diff", strip=False)
+    git(mb, "checkout", "--", ".")
+    (d / "0001-mbridge-feature-marker.patch").write_text(
+        "Subject: marker\nKind: feature\nWhy: test\nSwitch: none\nUpstream: none\n---\n" + diff
+    )
+    (d / "series").write_text("0001-mbridge-feature-marker.patch\n")
+    real_apply = Tree.apply
+
+    def failing_apply(self, label, data):
+        if self.path.name == "mbridge":
+            raise PatchApplyError(label, "error: simulated failure while writing the working tree")
+        return real_apply(self, label, data)
+
+    monkeypatch.setattr(Tree, "apply", failing_apply)
+    assert cli(sources=sources, patches=series_copy) == 1
+    captured = capsys.readouterr()
+    assert "rolled back" in captured.out + captured.err
+    assert tree_hashes(sources) == baseline_hashes(sources)
+    monkeypatch.setattr(Tree, "apply", real_apply)
+    assert cli(sources=sources, patches=series_copy) == 0  # and the same series then applies cleanly
+    assert "# npu_rl test" in (mb / "mbridge" / "__init__.py").read_text()
+
+
+def test_interrupt_during_apply_rolls_back(sources, monkeypatch):
+    real_apply = Tree.apply
+
+    def interrupted(self, label, data):
+        real_apply(self, label, data)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Tree, "apply", interrupted)
+    assert cli(sources=sources) == 130
+    assert tree_hashes(sources) == baseline_hashes(sources)
+
+
+def test_hand_modified_tree_is_refused_untouched_and_revert_restores(sources, capsys):
+    target = sources / "verl" / HCCL
+    target.write_text(target.read_text() + "\n# local experiment\n")
+    (sources / "verl" / "scratch.txt").write_text("notes\n")
+    before = tree_hashes(sources)
+    assert cli(sources=sources) == 3
+    err = capsys.readouterr().err
+    assert HCCL in err and "scratch.txt" in err and "modified" in err
+    assert tree_hashes(sources) == before
+    assert "# local experiment" in target.read_text()
+    assert cli("--revert", sources=sources) == 0
+    out = capsys.readouterr().out
+    assert tree_hashes(sources) == baseline_hashes(sources)
+    backups = list((sources / ".backup").glob("verl-*.diff"))
+    assert len(backups) == 1 and "# local experiment" in backups[0].read_text() and "verl" in out
+    # the backup restores the local changes with plain git apply
+    git(sources / "verl", "apply", str(backups[0]))
+    assert "# local experiment" in target.read_text()
+
+
+def test_partial_series_is_refused(sources, series_copy, capsys):
+    # a two-patch series where only the first is applied (an older checkout's series)
+    d = series_copy / "verl"
+    extra = d / "0002-verl-feature-second.patch"
+    extra.write_text(
+        "Subject: second\nKind: feature\nWhy: test\nSwitch: none\nUpstream: none\n---\n"
+        "diff --git a/verl/npu_rl_marker.py b/verl/npu_rl_marker.py\nnew file mode 100644\n"
+        "--- /dev/null\n+++ b/verl/npu_rl_marker.py\n@@ -0,0 +1 @@\n+MARKER = 1\n"
+    )
+    assert cli(sources=sources) == 0  # applies 0001 only (the repository's series)
+    with open(d / "series", "a") as fh:
+        fh.write(extra.name + "\n")
+    before = tree_hashes(sources)
+    assert cli(sources=sources, patches=series_copy) == 3
+    assert "patches 1..1 of 2 applied" in capsys.readouterr().err
+    assert tree_hashes(sources) == before
+    assert cli("--revert", sources=sources, patches=series_copy) == 0
+    assert cli(sources=sources, patches=series_copy) == 0
+    assert (sources / "verl" / "verl" / "npu_rl_marker.py").read_text() == "MARKER = 1\n"
+    assert cli("--revert", sources=sources, patches=series_copy) == 0
+    assert not (sources / "verl" / "verl" / "npu_rl_marker.py").exists()
+    assert tree_hashes(sources) == baseline_hashes(sources)
+
+
+def test_crlf_patch_applies_to_the_same_tree(sources, tmp_path, series_copy):
+    assert cli(sources=sources) == 0
+    lf_result = tree_hashes(sources)
+    assert cli("--revert", sources=sources) == 0
+    for p in (series_copy / "verl").glob("*.patch"):
+        p.write_bytes(p.read_bytes().replace(b"\n", b"\r\n"))
+    assert b"\r\n" in next((series_copy / "verl").glob("*.patch")).read_bytes()
+    assert cli(sources=sources, patches=series_copy) == 0
+    assert tree_hashes(sources) == lf_result
+
+
+@pytest.mark.parametrize("where", ["tmp", "inside-tree"])
+def test_same_result_from_any_working_directory(sources, tmp_path, where):
+    # Running from inside a tree's sub-folder is the classic trap where plain `git apply` skips files.
+    cwd = tmp_path if where == "tmp" else sources / "verl" / "verl" / "utils"
+    r = run_script("apply_all_patches.sh", "--sources", str(sources), cwd=cwd)
+    assert r.returncode == 0, r.stderr
+    content = (sources / "verl" / HCCL).read_text()
+    assert "self._run()\n" in content and "import asyncio" not in content
+    r2 = run_script("apply_all_patches.sh", "--status", "--sources", str(sources), cwd=cwd)
+    assert r2.returncode == 0, r2.stderr
+    verl_row = next(line for line in r2.stdout.splitlines() if line.startswith("verl "))
+    n = len(load_series("verl").patches)
+    assert f"{n}/{n}" in verl_row and load_series("verl").digest in verl_row
+
+
+def test_status_reports_each_upstream(sources, lock, capsys):
+    assert cli("--status", sources=sources) == 0
+    out = capsys.readouterr().out
+    for name in lock.upstreams:
+        assert any(line.split()[0] == name for line in out.splitlines()[1:]), name
+    assert "not downloaded" in next(line for line in out.splitlines() if line.startswith("mindspeed"))
+    assert "0/1" in next(line for line in out.splitlines() if line.startswith("verl "))
+
+
+def test_wrong_pin_is_refused(sources, lock):
+    tree = sources / "verl"
+    git(tree, "tag", "-d", "upstream")
+    git(tree, "commit", "--allow-empty", "-q", "-m", "other\n\nNpu-Rl-Baseline: verl 0.8.0 " + "0" * 40)
+    git(tree, "tag", "upstream")
+    with pytest.raises(TreeStateError, match="sources.lock pins 'verl 0.9.0"):
+        engine.apply(lock, sources)
+
+
+def test_edit_then_export_round_trips_byte_for_byte(sources, lock, series_copy, capsys):
+    up = lock.get("verl")
+    n = export.edit(up, sources, series_copy)
+    assert n == len(load_series("verl").patches)
+    assert cli(sources=sources, patches=series_copy) == 3  # maintainer mode is refused by apply
+    original = {p.name: p.read_bytes() for p in (series_copy / "verl").iterdir()}
+    for p in (series_copy / "verl").iterdir():
+        p.unlink()
+    export.export(up, sources, series_copy)
+    assert {p.name: p.read_bytes() for p in (series_copy / "verl").iterdir()} == original
+    assert cli("--revert", sources=sources, patches=series_copy) == 3  # commits on top need --force
+    assert cli("--revert", "--force", sources=sources, patches=series_copy) == 0
+    assert tree_hashes(sources)["verl"] == Tree(sources / "verl").baseline_tree()
+
+
+def test_missing_tree_is_refused(tmp_path, lock):
+    with pytest.raises(TreeStateError, match="does not exist; run download_sources.sh"):
+        engine.apply(lock, tmp_path)
+
+
+def test_check_reports_conflict_without_touching(sources, lock, series_copy):
+    (sources / "verl" / HCCL).write_text("replaced\n")
+    up = lock.get("verl")  # pretend upstream moved under the pin: same identity, other content
+    git(sources / "verl", "commit", "-qa", "-m", f"moved\n\nNpu-Rl-Baseline: {up.identity}\n")
+    git(sources / "verl", "tag", "-f", "upstream")
+    with pytest.raises(ConflictError, match="0001-verl-bugfix-hccl-weight-update-broadcast.patch does not apply"):
+        engine.check(lock, sources, series_copy)

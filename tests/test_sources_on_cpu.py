@@ -1,0 +1,191 @@
+"""download_sources.sh / npu_rl.sources with real archives served by a local package index.
+
+The index is a PEP 503 page on 127.0.0.1 (PIP_INDEX_URL points at it, as for a user's mirror);
+the files it serves are the real, verified upstream archives, or deliberately damaged copies.
+"""
+
+import dataclasses
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from npu_rl.errors import DigestError, SourceUnreachable
+from npu_rl.gittree import Tree, git
+from npu_rl.lock import load_lock
+from npu_rl.sources import Downloader, build_from_git, sha256_of
+from npu_rl.sources import main as sources_main
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch, local_index):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("NPU_RL_CACHE", str(cache))
+    monkeypatch.setenv("PIP_INDEX_URL", local_index.url)
+    return cache
+
+
+def download(*args, dest):
+    return sources_main(["--only", *args, "--dest", str(dest)])
+
+
+def file_requests(index):
+    return [r for r in index.requests if r.startswith("/files/")]
+
+
+def test_download_twice_second_run_downloads_nothing(env, tmp_path, local_index, archive, lock, capsys):
+    for name in ("mbridge", "verl"):
+        local_index.add(lock.get(name).pypi.project, archive(name))
+    dest = tmp_path / "sources"
+    assert download("mbridge", "verl", dest=dest) == 0
+    out = capsys.readouterr().out
+    assert out.count("downloaded, unpacked") == 2
+    assert len(file_requests(local_index)) == 2
+    for name in ("mbridge", "verl"):
+        tree = Tree(dest / name)
+        assert tree.identity() == lock.get(name).identity
+        assert tree.worktree_hash() == tree.baseline_tree()
+    served = len(local_index.requests)
+    assert download("mbridge", "verl", dest=dest) == 0
+    out = capsys.readouterr().out
+    assert out.count("up to date") == 2 and "downloaded" not in out
+    assert len(local_index.requests) == served  # not even the index page was read
+    # a new destination from the warm cache: unpacked, still nothing fetched
+    assert download("mbridge", dest=tmp_path / "other") == 0
+    assert "cached, unpacked" in capsys.readouterr().out
+    assert len(local_index.requests) == served
+
+
+def test_corrupted_archive_is_refused_and_removed(env, tmp_path, local_index, archive, lock, capsys):
+    up = lock.get("mbridge")
+    bad = tmp_path / "bad.tar.gz"
+    data = bytearray(archive("mbridge").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    local_index.add(up.pypi.project, bad, served_name=up.pypi.filename)
+    dest = tmp_path / "sources"
+    assert download("mbridge", dest=dest) == 1
+    err = capsys.readouterr().err
+    assert up.pypi.sha256 in err and "deleted" in err and local_index.url in err
+    assert not any((env / "archives").iterdir())  # neither the file nor a .part is kept
+    assert not (dest / "mbridge").exists()
+
+
+def test_truncated_cached_archive_is_fetched_again(env, tmp_path, local_index, archive, lock, capsys):
+    up = lock.get("mbridge")
+    local_index.add(up.pypi.project, archive("mbridge"))
+    (env / "archives").mkdir(parents=True)
+    full = archive("mbridge").read_bytes()
+    (env / "archives" / up.pypi.filename).write_bytes(full[: len(full) // 3])
+    assert download("mbridge", dest=tmp_path / "sources") == 0
+    captured = capsys.readouterr()
+    assert "truncated or corrupt" in captured.err and "re-downloaded, unpacked" in captured.out
+    assert sha256_of(env / "archives" / up.pypi.filename) == up.pypi.sha256
+
+
+def test_interrupted_download_part_file_is_discarded(env, tmp_path, local_index, archive, lock, capsys):
+    up = lock.get("mbridge")
+    local_index.add(up.pypi.project, archive("mbridge"))
+    (env / "archives").mkdir(parents=True)
+    (env / "archives" / (up.pypi.filename + ".part")).write_bytes(b"half")
+    path, state = Downloader(env, log=print).fetch(up)
+    assert state == "re-downloaded" and sha256_of(path) == up.pypi.sha256
+    assert not (env / "archives" / (up.pypi.filename + ".part")).exists()
+    assert "interrupted download" in capsys.readouterr().out
+
+
+def test_tree_at_other_baseline_is_refused_then_force_replaces(env, tmp_path, local_index, archive, lock, capsys):
+    up = lock.get("mbridge")
+    local_index.add(up.pypi.project, archive("mbridge"))
+    dest = tmp_path / "sources"
+    (dest / "mbridge").mkdir(parents=True)
+    (dest / "mbridge" / "mine.txt").write_text("not an upstream tree\n")
+    assert download("mbridge", dest=dest) == 3
+    assert "--force" in capsys.readouterr().err
+    assert (dest / "mbridge" / "mine.txt").exists()  # untouched
+    assert sources_main(["--only", "mbridge", "--dest", str(dest), "--force"]) == 0
+    assert Tree(dest / "mbridge").identity() == up.identity
+    assert not (dest / "mbridge" / "mine.txt").exists()
+
+
+# --- git sources ----------------------------------------------------------------------------------
+@pytest.fixture
+def git_upstream(tmp_path):
+    """A real git repository standing in for an upstream host (file path URL), with a submodule-free
+    tree and a commit, and a lock entry pinning it."""
+    repo = tmp_path / "remote"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "__init__.py").write_text("VALUE = 1\n")
+    (repo / "README.md").write_text("demo\n")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "one")
+    git(repo, "config", "uploadpack.allowAnySHA1InWant", "true")
+    commit = git(repo, "rev-parse", "HEAD")
+    lock_file = tmp_path / "sources.lock"
+    lock_file.write_text(
+        f'schema = 1\n[[upstream]]\nname = "demo"\nversion = "1.0"\ngit = "file://{repo}"\nref = "main"\n'
+        f'commit = "{commit}"\n'
+    )
+    return load_lock(lock_file).get("demo"), lock_file
+
+
+def test_git_source_builds_verified_tree(tmp_path, git_upstream):
+    up, _ = git_upstream
+    dest = tmp_path / "sources"
+    dest.mkdir()
+    build_from_git(up, dest, force=False)
+    tree = Tree(dest / "demo")
+    assert tree.identity() == up.identity
+    assert (dest / "demo" / "pkg" / "__init__.py").read_text() == "VALUE = 1\n"
+    assert tree.worktree_hash() == tree.baseline_tree()
+
+
+def test_git_source_with_unknown_commit_is_refused(tmp_path, git_upstream):
+    up, _ = git_upstream
+    dest = tmp_path / "sources"
+    dest.mkdir()
+    with pytest.raises(DigestError, match="has no commit"):
+        build_from_git(dataclasses.replace(up, commit="1" * 40), dest, force=False)
+    assert list(dest.iterdir()) == []  # nothing half-built left behind
+
+
+def test_unreachable_git_host_is_skipped_unless_named(tmp_path, git_upstream, capsys):
+    up, lock_file = git_upstream
+    text = lock_file.read_text().replace(up.git, f"file://{tmp_path}/does-not-exist")
+    lock_file.write_text(text)
+    dest = tmp_path / "sources"
+    assert sources_main(["--dest", str(dest), "--lock", str(lock_file)]) == 0
+    out = capsys.readouterr().out
+    assert "SKIPPED demo: cannot reach" in out
+    assert sources_main(["--dest", str(dest), "--lock", str(lock_file), "--only", "demo"]) == 1
+    with pytest.raises(SourceUnreachable):
+        build_from_git(load_lock(lock_file).get("demo"), dest, force=False)
+
+
+def test_download_script_end_to_end_from_the_index(env, tmp_path, local_index, archive, lock):
+    # The bash entry point, through pip's configured index (PIP_INDEX_URL), from another cwd.
+    up = lock.get("mbridge")
+    local_index.add(up.pypi.project, archive("mbridge"))
+    from tests.conftest import run_script
+
+    dest = tmp_path / "sources"
+    r = run_script(
+        "download_sources.sh",
+        "--only",
+        "mbridge",
+        "--dest",
+        str(dest),
+        cwd=tmp_path,
+        env={"NPU_RL_CACHE": str(env), "PIP_INDEX_URL": local_index.url},
+    )
+    assert r.returncode == 0, r.stderr
+    assert "mbridge" in r.stdout and "downloaded, unpacked" in r.stdout
+    assert subprocess.run(
+        ["git", "-C", str(dest / "mbridge"), "tag"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1"},
+    ).stdout.split() == ["upstream"]
+    assert Path(dest / "mbridge" / "mbridge" / "__init__.py").exists()
