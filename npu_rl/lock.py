@@ -150,3 +150,16 @@ def load_lock(path: Path | str | None = None) -> Lock:
     if not upstreams:
         raise LockError(f"{path}: no [[upstream]] entries")
     return Lock(path=path, upstreams=upstreams)
+
+
+def stack_table(lock: Lock) -> str:
+    """The README's pinned-stack table (Markdown), generated from the lock so docs cannot drift."""
+    rows = ["| upstream | version | git ref | commit | index archive (sha256) |", "|---|---|---|---|---|"]
+    for up in lock.upstreams.values():
+        archive = f"`{up.pypi.filename}` (`{up.pypi.sha256[:16]}…`)" if up.pypi else "none: git only"
+        rows.append(f"| {up.name} | {up.version} | `{up.ref}` | `{up.commit[:12]}` | {archive} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(stack_table(load_lock()))

@@ -81,3 +81,14 @@ def test_duplicate_and_missing_schema(tmp_path):
     p.write_text(GOOD)
     with pytest.raises(LockError, match="schema = 1"):
         load_lock(p)
+
+
+def test_readme_stack_table_is_generated_from_the_lock(lock):
+    from npu_rl import REPO_ROOT
+    from npu_rl.lock import stack_table
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    begin, end = "<!-- stack-table:begin -->\n", "\n<!-- stack-table:end -->"
+    assert begin in readme and end in readme
+    block = readme.split(begin, 1)[1].split(end, 1)[0]
+    assert block == stack_table(lock), "README table is stale: python -m npu_rl.lock > paste it between the markers"
