@@ -35,9 +35,16 @@ PY
 }
 
 common::python() {
-    local candidate
-    for candidate in "${NPU_RL_PYTHON:-}" "$NPU_RL_ROOT/.venv/bin/python" "$NPU_RL_ROOT/.venv-tools/bin/python" \
-        "$(command -v python3 || true)"; do
+    local candidate candidates=()
+    if [[ -n "${NPU_RL_PYTHON:-}" ]]; then
+        # An explicit choice is honoured: used as is, or as the base of .venv-tools if it lacks the deps.
+        candidates=("$NPU_RL_PYTHON" "$NPU_RL_ROOT/.venv-tools/bin/python")
+        common::_python_ok "$NPU_RL_PYTHON" ||
+            common::log "NPU_RL_PYTHON=$NPU_RL_PYTHON lacks GitPython/pypi-simple/tqdm: using .venv-tools built from it"
+    else
+        candidates=("$NPU_RL_ROOT/.venv/bin/python" "$NPU_RL_ROOT/.venv-tools/bin/python" "$(command -v python3 || true)")
+    fi
+    for candidate in "${candidates[@]}"; do
         if [[ -n "$candidate" && -x "$candidate" ]] && common::_python_ok "$candidate"; then
             printf '%s\n' "$candidate"
             return 0

@@ -16,6 +16,12 @@ class LockError(NpuRlError):
     exit_code = 4
 
 
+class UnknownUpstream(LockError):
+    """A name given on the command line is not an upstream of sources.lock (a usage error)."""
+
+    exit_code = 2
+
+
 class SourceError(NpuRlError):
     """An upstream archive or checkout cannot be fetched, verified or unpacked."""
 

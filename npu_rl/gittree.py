@@ -15,7 +15,13 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-import git as gitpython
+try:
+    import git as gitpython
+except ImportError:  # pragma: no cover - depends on the interpreter
+    raise SystemExit(
+        "npu_rl needs GitPython: use the entry points (bash apply_all_patches.sh ..., which bootstrap it), "
+        "or pip install -r constraints/tools.txt"
+    ) from None
 
 from npu_rl.errors import NpuRlError
 

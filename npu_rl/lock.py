@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from npu_rl import REPO_ROOT
-from npu_rl.errors import LockError
+from npu_rl.errors import LockError, UnknownUpstream
 
 LOCK_PATH = REPO_ROOT / "sources.lock"
 
@@ -73,7 +73,7 @@ class Lock:
             return self.upstreams[name]
         except KeyError:
             known = ", ".join(self.upstreams)
-            raise LockError(f"{self.path.name}: no upstream named {name!r} (known: {known})") from None
+            raise UnknownUpstream(f"{self.path.name}: no upstream named {name!r} (known: {known})") from None
 
 
 def _check_keys(where: str, table: dict, allowed: set[str], required: set[str]) -> None:

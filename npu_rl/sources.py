@@ -23,11 +23,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import git as gitpython
-
 from npu_rl import REPO_ROOT
 from npu_rl.errors import DigestError, LockError, NpuRlError, SourceError, SourceUnreachable, TreeStateError
-from npu_rl.gittree import IDENTITY_TRAILER, SOURCE_TRAILER, Tree, git, git_error_text, init_baseline
+from npu_rl.gittree import IDENTITY_TRAILER, SOURCE_TRAILER, Tree, git, git_error_text, gitpython, init_baseline
 from npu_rl.lock import Lock, Upstream, load_lock
 
 CHUNK = 1 << 20
@@ -295,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="download_sources.sh",
         description="Download the pinned upstream trees (sources.lock) into DEST as baseline git trees.",
         epilog="exit codes: 0 every requested tree is at its pin (SKIPPED lines are not failures); "
-        "1 a download or verification failed; 2 usage; 3 a tree is at another pin (use --force); "
+        "1 a download or verification failed; 2 usage (also an unknown --only name); "
+        "3 a tree is at another pin (use --force); "
         "4 sources.lock is malformed.\n"
         "environment: NPU_RL_CACHE (archive cache), PIP_INDEX_URL / pip.conf (package index), "
         "NPU_RL_GIT_TIMEOUT (seconds per git fetch).",

@@ -229,3 +229,17 @@ def test_check_reports_conflict_without_touching(sources, lock, series_copy):
     git(sources / "verl", "tag", "-f", "upstream")
     with pytest.raises(ConflictError, match="0001-verl-bugfix-hccl-weight-update-broadcast.patch does not apply"):
         engine.check(lock, sources, series_copy)
+
+
+def test_usage_errors_exit_2(sources, capsys):
+    assert cli("--only", "nosuch", sources=sources) == 2
+    assert "no upstream named 'nosuch'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        cli("--force", sources=sources)
+    assert exc.value.code == 2
+
+
+def test_named_upstream_without_patches_says_so(sources, capsys):
+    assert cli("--only", "mbridge", sources=sources) == 0
+    out = capsys.readouterr().out
+    assert "mbridge" in out and "no patches in the series" in out

@@ -17,7 +17,7 @@ from npu_rl.patches.series import load_series
 EXIT_CODES = """exit codes:
   0  done: applied, already applied (nothing changed), check passed, reverted, status consistent
   1  a patch does not apply; the message names the patch, file and hunk; no tree was changed
-  2  usage error
+  2  usage error (including an unknown --only name)
   3  a tree is missing, at another pin, modified by hand or partially patched: refused, untouched
   4  the series or sources.lock is malformed (naming, order, header, missing file)
   5  a tree did not reach the expected state after apply/revert (rolled back where possible)
@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     maintainer = bool(argv) and argv[0] in ("edit", "export", "tests")
     parser = build_maintainer_parser() if maintainer else build_parser()
     args = parser.parse_args(argv)
+    if not maintainer and args.force and not args.revert:
+        parser.error("--force only goes with --revert")
     sources = _sources_dir(args.sources)
     patches_dir = args.patches.resolve() if args.patches else None
     started = time.monotonic()

@@ -128,7 +128,9 @@ def _plans(lock: Lock, sources_dir: Path, patches_dir: Path | None, names: list[
         series = load_series(up.name, patches_dir)
         plan = inspect(up, sources_dir, patches_dir, dry_run=True) if series.patches else None
         if plan is None:
-            continue  # nothing to apply to this upstream; its tree is not required
+            if names:  # asked for by name: say why nothing happens
+                print(f"{up.name:14} has no patches in the series: nothing to do")
+            continue  # its tree is not required
         if plan.state in (MISSING, FOREIGN, WRONG_PIN, HEAD_MOVED, PARTIAL, MODIFIED):
             problems.append(f"  {up.name}: {plan.detail}")
         plans.append(plan)
@@ -234,7 +236,10 @@ def revert(
             backup = sources_dir / ".backup" / f"{p.upstream.name}-{stamp}.diff"
             backup.parent.mkdir(parents=True, exist_ok=True)
             backup.write_text(t.binary_diff(base, current), encoding="utf-8")
-            log(f"{p.upstream.name:14} local changes saved to {backup} (git apply it to restore them)")
+            log(
+                f"{p.upstream.name:14} saved the tree as a diff from the pristine baseline (series changes "
+                f"included) to {backup}; after --revert, 'git apply' it in {t.path} to get the tree back"
+            )
         t.reset_to_baseline()
         if t.worktree_hash() != base:
             raise VerifyError(f"{t.path}: revert did not restore the baseline tree {base}")
