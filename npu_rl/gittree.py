@@ -39,7 +39,7 @@ _IDENT = {
     "GIT_COMMITTER_EMAIL": "npu-rl-recipes@localhost",
 }
 # Fixed dates make the baseline commit (and so its hash) identical on every machine.
-_FIXED_DATE = "2000-01-01T00:00:00+0000"
+FIXED_DATE = "2000-01-01T00:00:00+0000"
 # Build artefacts that running upstream code or tests leaves in a tree; never part of its state.
 # (Editable installs build megatron-core's C++ helper in place: *.so.)
 _EXCLUDES = "__pycache__/\n*.py[cod]\n.pytest_cache/\n*.egg-info/\n.eggs/\n*.so\n/build/\n"
@@ -126,7 +126,7 @@ def init_baseline(tree: Path, message_title: str, trailers: Mapping[str, str]) -
     _write_excludes(tree)
     git(tree, "add", "--all", "--force", ".")
     body = "\n".join(f"{k}: {v}" for k, v in trailers.items())
-    dates = {"GIT_AUTHOR_DATE": _FIXED_DATE, "GIT_COMMITTER_DATE": _FIXED_DATE}
+    dates = {"GIT_AUTHOR_DATE": FIXED_DATE, "GIT_COMMITTER_DATE": FIXED_DATE}
     git(tree, "commit", "--quiet", "--no-verify", "-m", f"{message_title}\n\n{body}\n", env=dates)
     git(tree, "tag", BASELINE_TAG)
     return git(tree, "rev-parse", "HEAD")

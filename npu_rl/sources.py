@@ -27,6 +27,7 @@ from npu_rl import REPO_ROOT
 from npu_rl.errors import DigestError, LockError, NpuRlError, SourceError, SourceUnreachable, TreeStateError
 from npu_rl.gittree import IDENTITY_TRAILER, SOURCE_TRAILER, Tree, git, git_error_text, gitpython, init_baseline
 from npu_rl.lock import Lock, Upstream, load_lock
+from npu_rl.table import format_table
 
 CHUNK = 1 << 20
 GIT_TIMEOUT_S = float(os.environ.get("NPU_RL_GIT_TIMEOUT", "120"))
@@ -378,10 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             code = max(code, exc.exit_code)
             rows.append(Outcome(up.name, up.version, "-", "-", "FAILED"))
     head = ("upstream", "version", "source", "sha", "state", "time")
-    table = [head] + [(r.name, r.version, r.source, r.sha, r.state, f"{r.seconds:.1f}s") for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
-    for row in table:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    print(format_table(head, [(r.name, r.version, r.source, r.sha, r.state, f"{r.seconds:.1f}s") for r in rows]))
     print(f"sources in {dest}; cache {downloader.archives}; took {time.monotonic() - started:.1f} s")
     for f in failures:
         print(f"error: {f}", file=sys.stderr)

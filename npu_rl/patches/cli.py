@@ -13,6 +13,7 @@ from npu_rl.errors import NpuRlError
 from npu_rl.lock import load_lock
 from npu_rl.patches import engine, export
 from npu_rl.patches.series import load_series
+from npu_rl.table import format_table
 
 EXIT_CODES = """exit codes:
   0  done: applied, already applied (nothing changed), check passed, reverted, status consistent
@@ -81,10 +82,7 @@ def _sources_dir(arg: Path | None) -> Path:
 
 def _print_status(rows: list[engine.StatusRow]) -> None:
     head = ("upstream", "version", "source", "baseline", "applied", "series")
-    table = [head] + [(r.name, r.version, r.source, r.baseline, r.applied, r.digest) for r in rows]
-    widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
-    for row in table:
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    print(format_table(head, [(r.name, r.version, r.source, r.baseline, r.applied, r.digest) for r in rows]))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,12 +26,10 @@ import tempfile
 from pathlib import Path
 
 from npu_rl.errors import SeriesError, TreeStateError
-from npu_rl.gittree import BASELINE_TAG, git
+from npu_rl.gittree import BASELINE_TAG, FIXED_DATE, git
 from npu_rl.lock import Upstream
 from npu_rl.patches.engine import PRISTINE, inspect
 from npu_rl.patches.series import PATCHES_DIR, load_patch, load_series, parse_header
-
-_FIXED_DATE = "2000-01-01T00:00:00+0000"
 
 
 def slugify(text: str) -> str:
@@ -72,7 +70,7 @@ def edit(up: Upstream, sources_dir: Path, patches_dir: Path | None = None, log=p
             f"{plan.tree.path} must be at its pristine baseline to edit the series "
             f"(it is {plan.state}); run apply_all_patches.sh --revert --only {up.name} first"
         )
-    dates = {"GIT_AUTHOR_DATE": _FIXED_DATE, "GIT_COMMITTER_DATE": _FIXED_DATE}
+    dates = {"GIT_AUTHOR_DATE": FIXED_DATE, "GIT_COMMITTER_DATE": FIXED_DATE}
     for p in plan.series.patches:
         plan.tree.apply(p.name, p.data)
         git(plan.tree.path, "add", "--all", ".")
