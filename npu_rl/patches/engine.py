@@ -49,9 +49,19 @@ def _file_list(lines: list[str]) -> str:
     return shown + more
 
 
-def inspect(up: Upstream, sources_dir: Path, patches_dir: Path | None = None, dry_run: bool = True) -> TreePlan:
-    """Classify one tree; with ``dry_run`` also compute T0..Tn (raises ConflictError on conflict)."""
-    plan = TreePlan(up, Tree(sources_dir / up.name), load_series(up.name, patches_dir))
+def inspect(
+    up: Upstream,
+    sources_dir: Path,
+    patches_dir: Path | None = None,
+    dry_run: bool = True,
+    series: Series | None = None,
+) -> TreePlan:
+    """Classify one tree; with ``dry_run`` also compute T0..Tn (raises ConflictError on conflict).
+
+    ``series`` saves re-reading the patches when the caller has loaded them already.
+    """
+    series = series if series is not None else load_series(up.name, patches_dir)
+    plan = TreePlan(up, Tree(sources_dir / up.name), series)
     t = plan.tree
     if not t.exists():
         plan.state = MISSING
@@ -60,7 +70,7 @@ def inspect(up: Upstream, sources_dir: Path, patches_dir: Path | None = None, dr
     if not t.is_ours():
         plan.state = FOREIGN
         plan.detail = (
-            f"{t.path} is not a tree made by download_sources.sh (no '{'upstream'}' baseline tag); "
+            f"{t.path} is not a tree made by download_sources.sh (no '{BASELINE_TAG}' baseline tag); "
             "move it away, or run download_sources.sh --force"
         )
         return plan
@@ -77,7 +87,7 @@ def inspect(up: Upstream, sources_dir: Path, patches_dir: Path | None = None, dr
         plan.state = HEAD_MOVED
         plan.detail = (
             f"{t.path} has {count} commit(s) on top of its baseline (maintainer mode); export them with "
-            f"'python -m npu_rl.patches export {up.name}', then '--revert --force' to go back"
+            f"'bash apply_all_patches.sh export {up.name}', then '--revert --force' to go back"
         )
         return plan
     if not dry_run:
@@ -121,16 +131,18 @@ def select(lock: Lock, names: list[str] | None) -> list[Upstream]:
     return [lock.get(n) for n in names] if names else list(lock.upstreams.values())
 
 
-def _plans(lock: Lock, sources_dir: Path, patches_dir: Path | None, names: list[str] | None) -> list[TreePlan]:
+def _plans(
+    lock: Lock, sources_dir: Path, patches_dir: Path | None, names: list[str] | None, log=print
+) -> list[TreePlan]:
     """Inspect every selected tree; refuse (TreeStateError listing all problems) before touching any."""
     plans, problems = [], []
     for up in select(lock, names):
         series = load_series(up.name, patches_dir)
-        plan = inspect(up, sources_dir, patches_dir, dry_run=True) if series.patches else None
-        if plan is None:
+        if not series.patches:
             if names:  # asked for by name: say why nothing happens
-                print(f"{up.name:14} has no patches in the series: nothing to do")
+                log(f"{up.name:14} has no patches in the series: nothing to do")
             continue  # its tree is not required
+        plan = inspect(up, sources_dir, patches_dir, dry_run=True, series=series)
         if plan.state in (MISSING, FOREIGN, WRONG_PIN, HEAD_MOVED, PARTIAL, MODIFIED):
             problems.append(f"  {up.name}: {plan.detail}")
         plans.append(plan)
@@ -143,7 +155,7 @@ def check(
     lock: Lock, sources_dir: Path, patches_dir: Path | None = None, names: list[str] | None = None, log=print
 ) -> list[TreePlan]:
     """Dry-run the whole series on every tree; change nothing. Raises on any problem."""
-    plans = _plans(lock, sources_dir, patches_dir, names)
+    plans = _plans(lock, sources_dir, patches_dir, names, log)
     for p in plans:
         verb = "already applied" if p.state == APPLIED else "would apply"
         log(f"{p.upstream.name:14} {verb} {p.n} patch(es) (series {p.series.digest})")
@@ -160,7 +172,7 @@ def apply(
             touched). ConflictError: a patch does not apply (nothing touched, or everything rolled
             back). VerifyError: a tree did not reach the expected tree hash (rolled back).
     """
-    plans = _plans(lock, sources_dir, patches_dir, names)
+    plans = _plans(lock, sources_dir, patches_dir, names, log)
     touched: list[TreePlan] = []
     try:
         for p in plans:

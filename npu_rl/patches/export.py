@@ -81,7 +81,7 @@ def edit(up: Upstream, sources_dir: Path, patches_dir: Path | None = None, log=p
         log(f"committed {p.name}")
     log(
         f"{plan.tree.path}: {plan.n} commit(s) on top of '{BASELINE_TAG}'. Edit with git, then run "
-        f"'python -m npu_rl.patches export {up.name}'."
+        f"'bash apply_all_patches.sh export {up.name}'."
     )
     return plan.n
 
