@@ -58,3 +58,36 @@ class VerifyError(NpuRlError):
     """A tree did not reach the state the series defines after applying or reverting."""
 
     exit_code = 5
+
+
+class LaunchError(NpuRlError):
+    """The launcher cannot go on; nothing it started is left running.
+
+    Exit codes follow sysexits so that they do not read like a training script's own small codes.
+    """
+
+    exit_code = 70
+
+
+class TopologyError(LaunchError):
+    """NNODES / MASTER_ADDR / SOCKET_IFNAME / NPUS_PER_NODE are invalid or inconsistent."""
+
+    exit_code = 78
+
+
+class ClusterBusy(LaunchError):
+    """A Ray cluster this launcher did not start is on the port, or the head is unreachable."""
+
+    exit_code = 69
+
+
+class NodesMissing(LaunchError):
+    """Not every node (or not every NPU) joined the head before NODE_WAIT_TIMEOUT."""
+
+    exit_code = 75
+
+
+class PreflightError(NpuRlError):
+    """The preflight rejected the recipe; the message lists every problem with its key and fix."""
+
+    exit_code = 65

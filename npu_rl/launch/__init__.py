@@ -1,0 +1,1 @@
+"""The multi-node launcher behind ``ray_start_npu.sh``: topology, node environment, Ray head/worker."""

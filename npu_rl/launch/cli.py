@@ -1,0 +1,382 @@
+"""``bash ray_start_npu.sh [--dry-run] TRAIN_SCRIPT [ENV_SCRIPT]``: the same command on every node.
+
+internal/launch.sh has already set the defaults, sourced CANN's set_env.sh files and the ENV_SCRIPT;
+this module resolves the topology, then plays the head (preflight, start Ray, wait for every NPU,
+run the recipe, stop Ray, exit with the recipe's code) or a worker (wait for the head, join, stay
+attached while the head lives).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from npu_rl import REPO_ROOT
+from npu_rl.errors import LaunchError, NodesMissing, NpuRlError
+from npu_rl.launch import cluster
+from npu_rl.launch.environ import derived_env, ray_auth, shown_env, sourced_files
+from npu_rl.launch.topology import Topology, resolve_topology
+from npu_rl.table import format_table
+
+EXIT_CODES = """environment (set in ENV_SCRIPT or the shell; defaults make one node work):
+  NNODES (1)  MASTER_ADDR (this node; required if NNODES>1)  MASTER_PORT (6379)
+  NPUS_PER_NODE (counted from /dev/davinci* or npu-smi, else 16)  SOCKET_IFNAME (the interface to MASTER_ADDR)
+  NODE_WAIT_TIMEOUT (300 s, head)  WORKER_JOIN_TIMEOUT (600 s, worker)  LOG_DIR (<repo>/logs)
+  RAY_START_ARGS (extra `ray start` arguments)  RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH (token auth stays on)
+  ASCEND_SET_ENV_FILES (CANN set_env.sh files sourced when present)
+
+exit codes:
+  N   the head exits with TRAIN_SCRIPT's exit code (0 on success); --dry-run with the preflight's
+  0   a worker whose head finished and went away
+  2   usage error (missing or unreadable script)
+  65  the preflight rejected the recipe (nothing was started)
+  69  a Ray node already runs here or the port is taken (nothing was stopped), or the head is unreachable
+  70  Ray failed to start or died
+  75  not every node / NPU joined before NODE_WAIT_TIMEOUT (Ray stopped)
+  78  bad topology: NNODES, MASTER_ADDR, SOCKET_IFNAME, NPUS_PER_NODE, Ray token
+  130/143  interrupted (SIGINT/SIGTERM); the recipe and Ray were stopped
+"""
+
+
+class Interrupted(BaseException):
+    """Raised in the main thread by SIGINT/SIGTERM/SIGHUP so that every ``finally`` cleans up."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _Signals:
+    """First signal raises :class:`Interrupted`; later ones are only noted, so cleanup is not cut short."""
+
+    def __init__(self, log):
+        self.log = log
+        self.got: int | None = None
+
+    def __enter__(self):
+        self.saved = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        return self
+
+    def _handle(self, signum, _frame):
+        if self.got is None:
+            self.got = signum
+            raise Interrupted(signum)
+        self.log(f"{signal.Signals(signum).name} again: still stopping the recipe and Ray")
+
+    def __exit__(self, *exc):
+        for s, h in self.saved.items():
+            signal.signal(s, h)
+        return False
+
+
+class Launcher:
+    def __init__(self, train_script: Path, env_script: Path | None, env: Mapping[str, str], overrides=()):
+        self.train = train_script
+        self.overrides = list(overrides)
+        self.env_script = env_script
+        self.env = dict(env)
+        self.run_dir: Path | None = None
+        self._log_file = None
+
+    # -- output ---------------------------------------------------------------------------------------
+    def log(self, msg: str) -> None:
+        line = f"[npu-rl {time.strftime('%H:%M:%S')}] {msg}"
+        print(line, file=sys.stderr, flush=True)
+        if self._log_file:
+            self._log_file.write(line + "\n")
+            self._log_file.flush()
+
+    def open_run_dir(self, topo: Topology) -> Path:
+        base = Path(self.env.get("LOG_DIR") or REPO_ROOT / "logs")
+        name = time.strftime("%Y%m%d-%H%M%S") + "-" + self.train.stem + ("" if topo.is_head else f"-{topo.node_ip}")
+        for i in range(100):
+            run = base / (name if i == 0 else f"{name}.{i}")
+            try:
+                run.mkdir(parents=True)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise LaunchError(f"cannot create a run directory under {base}")
+        self.run_dir = run
+        self._log_file = open(run / "launcher.log", "a")  # noqa: SIM115 - closed in close()
+        return run
+
+    def close(self) -> None:
+        if self._log_file:
+            self._log_file.close()
+            self._log_file = None
+
+    # -- setup ----------------------------------------------------------------------------------------
+    def resolve(self, dry_run: bool = False) -> Topology:
+        topo = resolve_topology(self.env, dry_run=dry_run)
+        self.env.update(derived_env(topo, self.env))
+        auth, notes = ray_auth(self.env, topo)
+        self.env.update(auth)
+        self.env.setdefault("NPU_RL_TRAIN_PYTHON", sys.executable)
+        self.env["NPU_RL_RECIPE"] = str(self.train)
+        self.env["NPU_RL_ENV_SCRIPT"] = str(self.env_script or "")
+        self.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), self.env.get("PYTHONPATH")) if p)
+        role = "head" if topo.is_head else "worker"
+        self.log(
+            f"{role} node {topo.node_ip} ({topo.ifname}); job: {topo.nnodes} node(s) x {topo.npus_per_node} NPU "
+            f"({topo.npus_source}) = {topo.world_size} dies, head {topo.address}"
+        )
+        files = sourced_files(self.env)
+        self.log("sourced: " + (", ".join(files) if files else "no CANN set_env.sh found (CPU machine?)"))
+        for n in (*topo.notes, *notes):
+            self.log(f"note: {n}")
+        return topo
+
+    def print_env(self) -> str:
+        text = format_table(("variable", "value"), shown_env(self.env))
+        print(text, file=sys.stderr, flush=True)
+        return text
+
+    # -- subprocesses ---------------------------------------------------------------------------------
+    def _tee(self, cmd: list[str], env: Mapping[str, str], log_path: Path | None) -> int:
+        """Run ``cmd`` in its own session, copying its output to stdout and ``log_path``; return its code.
+
+        On :class:`Interrupted` the signal is forwarded to the whole group, SIGKILL after a grace period.
+        """
+        log = open(log_path, "ab") if log_path else None  # noqa: SIM115 - closed below
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=dict(env), start_new_session=True,
+        )  # fmt: skip
+        try:
+            assert proc.stdout is not None
+            fd = proc.stdout.fileno()
+            while chunk := os.read(fd, 65536):
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.flush()
+                if log:
+                    log.write(chunk)
+                    log.flush()
+            return proc.wait()
+        except Interrupted as e:
+            self.log(f"{signal.Signals(e.signum).name}: stopping {Path(cmd[1]).name if cmd[0] == 'bash' else cmd[-1]}")
+            _stop_group(proc, e.signum, grace=float(self.env.get("NPU_RL_STOP_GRACE", "60")))
+            raise
+        finally:
+            if proc.poll() is None:
+                _stop_group(proc, signal.SIGTERM, grace=10)
+            if log:
+                log.close()
+
+    def plan(self, log_path: Path | None) -> int:
+        """Run the recipe in plan mode: ``run_verl`` runs the preflight instead of training."""
+        env = {**self.env, "NPU_RL_MODE": "plan"}
+        return self._tee(["bash", str(self.train), *self.overrides], env, log_path)
+
+    def ray_exe(self) -> str:
+        local = Path(sys.executable).with_name("ray")
+        exe = str(local) if local.exists() else shutil.which("ray")
+        if not exe:
+            raise LaunchError(f"no `ray` next to {sys.executable} or on PATH: install ray in the training environment")
+        return exe
+
+    # -- roles ----------------------------------------------------------------------------------------
+    def head(self, topo: Topology, preflight: bool) -> int:
+        run = self.run_dir
+        assert run is not None
+        if preflight:
+            self.log("preflight: checking the recipe before starting the cluster")
+            rc = self.plan(run / "preflight.txt")
+            if rc != 0:
+                self.log(f"the preflight rejected {self.train} (exit {rc}); the cluster was not started")
+                return 65
+        cluster.refuse_foreign_cluster(topo.node_ip, topo.master_port)
+        args = cluster.ray_start_args(
+            head=True, topo_address=topo.address, node_ip=topo.node_ip, port=topo.master_port,
+            npus=topo.npus_per_node, extra=self.env.get("RAY_START_ARGS", ""),
+        )  # fmt: skip
+        node = cluster.RayNodeProcess(self.ray_exe(), args, run / "ray-head.log", self.env)
+        with _Signals(self.log):
+            try:
+                self.log(f"starting the Ray head on {topo.address} ({topo.npus_per_node} NPU); log: {node.log_path}")
+                node.start()
+                self._wait_gcs(node, topo)
+                self._wait_nodes(topo)
+                self.log(f"running {self.train}; log: {run / 'train.log'}")
+                rc = self._tee(["bash", str(self.train), *self.overrides], self.env, run / "train.log")
+                self.log(f"{self.train.name} exited with {rc}")
+                return rc
+            except Interrupted as e:
+                return 128 + e.signum
+            finally:
+                self.log("stopping Ray")
+                node.stop()
+
+    def _wait_nodes(self, topo: Topology) -> None:
+        """The wait runs in a child process: a Ray driver installs its own SIGTERM handler, which would
+        otherwise replace ours and let a SIGTERM kill the launcher without stopping Ray."""
+        timeout = _seconds(self.env, "NODE_WAIT_TIMEOUT", 300)
+        cmd = [sys.executable, "-m", "npu_rl.launch", "wait", f"--address={topo.address}"]
+        cmd += [f"--nodes={topo.nnodes}", f"--npus-per-node={topo.npus_per_node}", f"--timeout={timeout:g}"]
+        rc = self._tee(cmd, self.env, None)
+        if rc == NodesMissing.exit_code:
+            raise NodesMissing(f"not every node joined within NODE_WAIT_TIMEOUT={timeout:g}s (see above)")
+        if rc:
+            raise LaunchError(f"waiting for the nodes failed (exit {rc}); Ray's log: {self.run_dir}")
+
+    def _wait_gcs(self, node: cluster.RayNodeProcess, topo: Topology) -> None:
+        deadline = time.monotonic() + _seconds(self.env, "RAY_START_TIMEOUT", 120)
+        while not cluster.port_open(topo.node_ip, topo.master_port):
+            if not node.alive():
+                raise LaunchError(f"`ray start` exited with {node.proc.returncode}:\n{node.log_tail()}")
+            if time.monotonic() > deadline:
+                raise LaunchError(f"the Ray head did not open {topo.address} in time:\n{node.log_tail()}")
+            time.sleep(0.5)
+
+    def worker(self, topo: Topology) -> int:
+        run = self.run_dir
+        assert run is not None
+        cluster.refuse_running_node()
+        args = cluster.ray_start_args(
+            head=False, topo_address=topo.address, node_ip=topo.node_ip, port=topo.master_port,
+            npus=topo.npus_per_node, extra=self.env.get("RAY_START_ARGS", ""),
+        )  # fmt: skip
+        node = cluster.RayNodeProcess(self.ray_exe(), args, run / "ray-worker.log", self.env)
+        lost_grace = _seconds(self.env, "HEAD_LOST_GRACE", 30)
+        with _Signals(self.log):
+            try:
+                cluster.wait_for_head(
+                    topo.master_addr, topo.master_port, _seconds(self.env, "WORKER_JOIN_TIMEOUT", 600), self.log
+                )
+                self.log(f"joining {topo.address} with {topo.npus_per_node} NPU; log: {node.log_path}")
+                node.start()
+                lost_since = None
+                while True:
+                    time.sleep(_seconds(self.env, "NPU_RL_WORKER_POLL", 5))
+                    head_up = cluster.port_open(topo.master_addr, topo.master_port)
+                    if not node.alive():
+                        if not head_up:
+                            self.log("the head went away; Ray on this node has stopped")
+                            return 0
+                        raise LaunchError(f"`ray start` exited with {node.proc.returncode}:\n{node.log_tail()}")
+                    if head_up:
+                        lost_since = None
+                    elif lost_since is None:
+                        lost_since = time.monotonic()
+                    elif time.monotonic() - lost_since > lost_grace:
+                        self.log(f"the head {topo.address} is gone (>{lost_grace:g}s); stopping Ray on this node")
+                        return 0
+            except Interrupted as e:
+                return 128 + e.signum
+            finally:
+                node.stop()
+
+
+def _stop_group(proc: subprocess.Popen, signum: int, grace: float) -> None:
+    try:
+        os.killpg(proc.pid, signum)
+        proc.wait(timeout=grace)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _seconds(env: Mapping[str, str], key: str, default: float) -> float:
+    raw = env.get(key, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise LaunchError(f"{key}={raw!r} is not a number of seconds") from None
+    if value <= 0:
+        raise LaunchError(f"{key}={raw} must be > 0 seconds")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ray_start_npu.sh",
+        description="Start or join the Ray cluster of one training job (the same command on every node); "
+        "the head checks the recipe, waits for every NPU, runs TRAIN_SCRIPT and exits with its code.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--dry-run", action="store_true", help="resolve topology and env, run the preflight; start nothing")
+    p.add_argument("--no-preflight", action="store_true", help="head: skip the preflight (not recommended)")
+    p.add_argument("train_script", type=Path, help="recipe: a bash script that ends with run_verl ...")
+    p.add_argument(
+        "rest",
+        nargs=argparse.REMAINDER,
+        metavar="[ENV_SCRIPT] [OVERRIDE ...]",
+        help="ENV_SCRIPT (a file, sourced before everything else) then Hydra overrides passed to the recipe",
+    )
+    return p
+
+
+def build_wait_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m npu_rl.launch wait", description="Wait until a Ray cluster has its NPUs (the head's wait)."
+    )
+    p.add_argument("--address", required=True)
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--npus-per-node", type=int, required=True)
+    p.add_argument("--timeout", type=float, default=300)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+
+    def err(msg: str) -> None:
+        print(f"[npu-rl] error: {msg}", file=sys.stderr, flush=True)
+
+    if argv[:1] == ["wait"]:
+        a = build_wait_parser().parse_args(argv[1:])
+        try:
+            cluster.wait_for_npus(
+                a.address,
+                a.nodes,
+                a.npus_per_node,
+                a.timeout,
+                log=lambda m: print(f"[npu-rl {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True),
+            )
+        except NpuRlError as e:
+            err(str(e))
+            return e.exit_code
+        return 0
+
+    args = build_parser().parse_args(argv)
+    rest = list(args.rest)
+    env_script = Path(rest.pop(0)) if rest and "=" not in rest[0] else None
+    for script in (args.train_script, env_script):
+        if script is not None and not script.is_file():
+            err(
+                f"{script} is not a file (usage: bash ray_start_npu.sh [--dry-run] TRAIN_SCRIPT [ENV_SCRIPT] [K=V ...])"
+            )
+            return 2
+    launcher = Launcher(args.train_script.resolve(), env_script and env_script.resolve(), os.environ, rest)
+    try:
+        topo = launcher.resolve(dry_run=args.dry_run)
+        if args.dry_run:
+            launcher.print_env()
+            rc = launcher.plan(None)
+            launcher.log(f"dry run: the preflight {'passed' if rc == 0 else 'rejected the recipe'} (exit {rc})")
+            return rc
+        run = launcher.open_run_dir(topo)
+        (run / "env.txt").write_text(launcher.print_env() + "\n")
+        if topo.is_head:
+            return launcher.head(topo, preflight=not args.no_preflight)
+        return launcher.worker(topo)
+    except NpuRlError as e:
+        launcher.log(f"error: {e}")
+        return e.exit_code
+    finally:
+        launcher.close()

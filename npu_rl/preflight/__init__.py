@@ -1,0 +1,174 @@
+"""Reject a bad recipe before the cluster starts.
+
+:func:`run_preflight` composes a recipe's overrides with the pinned verl's Hydra config, runs verl's
+``validate_config`` and this project's checks (keys, batch arithmetic, layout vs model, lengths,
+resources, memory, feature switches), collects every problem, and returns them with a compact plan.
+Recipes reach it through ``run_verl`` in plan mode (``ray_start_npu.sh --dry-run``, and the head
+before it starts Ray); ``python -m npu_rl.preflight RECIPE [ENV]`` is the same dry run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from npu_rl.features import feature_state
+from npu_rl.preflight import checks
+from npu_rl.preflight.compose import Cli, check_overrides, compose_config, split_cli
+from npu_rl.preflight.model import ModelFacts, find_model_config, load_model_facts, shipped_models
+from npu_rl.preflight.report import Report
+from npu_rl.table import format_table
+
+
+@dataclass
+class Result:
+    """What a preflight run found: the report, and the plan when the config composed."""
+
+    report: Report
+    plan: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.report.errors
+
+    def render(self) -> str:
+        out = []
+        if self.plan:
+            out.append("plan:")
+            out.append(format_table(("", ""), self.plan).split("\n", 1)[1])
+        out.extend(p.render() for p in self.report.warnings)
+        out.extend(p.render() for p in self.report.errors)
+        n_err, n_warn = len(self.report.errors), len(self.report.warnings)
+        out.append(
+            f"preflight: {'REJECTED' if n_err else 'ok'} ({n_err} error{'s' * (n_err != 1)}, "
+            f"{n_warn} warning{'s' * (n_warn != 1)})"
+        )
+        return "\n".join(out)
+
+
+def run_preflight(args: list[str], env: Mapping[str, str]) -> Result:
+    """Check the ``main_ppo`` command line ``args`` (Hydra flags + overrides) for the job in ``env``.
+
+    ``env`` supplies NNODES / NPUS_PER_NODE (the launcher's topology) and the feature switches.
+    Never raises for a bad recipe: every problem is in ``Result.report``.
+    """
+    report = Report()
+    try:
+        cli = split_cli(args)
+    except (ValueError, StopIteration) as e:
+        report.error("command line", str(e) or "a Hydra flag is missing its value")
+        return Result(report)
+    overrides = check_overrides(cli, report)
+    try:
+        cfg = compose_config(cli, overrides)
+    except Exception as e:  # noqa: BLE001 - any Hydra/OmegaConf failure is a finding
+        report.error("composition", f"verl's config did not compose: {e}")
+        return Result(report)
+    return Result(report, _check_composed(cli, cfg, env, report))
+
+
+def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report) -> list[tuple[str, str]]:
+    sel = checks.sel
+    model_path = str(sel(cfg, "actor_rollout_ref.model.path", ""))
+    model = _model_facts(model_path, env, report)
+    world = checks.check_resources(cfg, env, report)
+    lay = checks.train_layout(cfg, world)
+    roll = checks.rollout_layout(cfg)
+    npus_per_node = int(env.get("NPUS_PER_NODE") or sel(cfg, "trainer.n_gpus_per_node", 8))
+    checks.check_batches(cfg, lay, report)
+    _verl_validate(cfg, report)
+    feats = feature_state(env, lambda k: sel(cfg, k))
+    for key, msg, fix in feats.errors:
+        report.error(key, msg, fix)
+    for key, msg, fix in feats.warnings:
+        report.warn(key, msg, fix)
+    plan = [
+        ("config", f"{cli.config_name} ({cli.config_dir})"),
+        ("cluster", f"{sel(cfg, 'trainer.nnodes')} node(s) x {sel(cfg, 'trainer.n_gpus_per_node')} dies = {world}"),
+        ("trainer", f"{'V1' if sel(cfg, 'trainer.use_v1', True) else 'legacy'}, {sel(cfg, 'algorithm.adv_estimator')}"),
+    ]
+    if model is None:
+        return plan
+    lengths = checks.check_lengths(cfg, model, report)
+    checks.check_layout(cfg, lay, roll, model, npus_per_node, report)
+    if any(f.env == "ALL_TO_ALL_RESHARD" for f in feats.on):
+        checks.check_reshard_layout(lay, roll, model, report)
+    est = checks.estimate_memory(cfg, lay, roll, model)
+    checks.check_memory(cfg, est, lengths, report)
+    dense, expert = model.params()
+    tbs, n = sel(cfg, "data.train_batch_size"), sel(cfg, "actor_rollout_ref.rollout.n")
+    mini = sel(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size")
+    plan += [
+        (
+            "model",
+            f"{model_path} ({(dense + expert) / 1e9:.1f} B params"
+            + (f", {model.experts} experts top-{model.experts_per_token}" if model.is_moe else "")
+            + f"; facts from {model.source})",
+        ),
+        (
+            "train layout",
+            f"{lay.engine}: TP {lay.tp} PP {lay.pp} CP {lay.cp} EP {lay.ep} ETP {lay.etp} -> DP {lay.dp}"
+            if lay.engine in ("megatron", "mindspeed")
+            else f"{lay.engine}: Ulysses SP {lay.cp} -> DP {lay.dp}",
+        ),
+        (
+            "rollout layout",
+            f"TP {roll.tp} DP {roll.dp} PP {roll.pp} EP {roll.ep}: {world // roll.replica if roll.replica else 0} "
+            f"replica(s) of {roll.replica} dies",
+        ),
+        (
+            "batch",
+            f"{tbs} prompts x n {n} = {int(tbs) * int(n)} trajectories/step; mini-batch {mini} prompts "
+            f"({int(mini) * int(n) // max(lay.dp, 1)} per DP rank)",
+        ),
+        (
+            "lengths",
+            f"prompt {lengths['prompt']} + response {lengths['response']} <= max_model_len "
+            f"{lengths['max_model_len']} <= max_position_embeddings {lengths['max_position_embeddings']}",
+        ),
+        (
+            "memory/die",
+            f"train {est.train_total:.1f} GiB (w {est.train_weights:.1f} g {est.train_grads:.1f} "
+            f"opt {est.train_optimizer:.1f}) + activations; rollout weights {est.rollout_weights:.1f} GiB, "
+            f"KV {est.kv_budget:.1f} GiB = {est.kv_tokens} tokens",
+        ),
+        ("features on", ", ".join(f.name for f in feats.on) or "none"),
+    ]
+    return plan
+
+
+def _model_facts(model_path: str, env: Mapping[str, str], report: Report) -> ModelFacts | None:
+    key = "actor_rollout_ref.model.path"
+    path = find_model_config(model_path, dict(env))
+    if path is None:
+        report.error(
+            key,
+            f"{model_path!r} has no config.json here and matches no shipped metadata ({', '.join(shipped_models())})",
+            "download the model's config.json to that path, or set NPU_RL_MODEL_META=<shipped name or config path>",
+        )
+        return None
+    try:
+        return load_model_facts(path)
+    except (OSError, ValueError, KeyError) as e:
+        report.error(key, f"cannot read model facts from {path}: {e!r}", "point NPU_RL_MODEL_META at a config.json")
+        return None
+
+
+def _verl_validate(cfg, report: Report) -> None:
+    """verl's own ``validate_config`` (what ``main_ppo`` runs first), its output captured."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "Disabled critic": expected for GRPO, not a finding
+            validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    except Exception as e:  # noqa: BLE001 - verl raises assert/ValueError/TypeError alike
+        msg = str(e) or type(e).__name__
+        if isinstance(e, TypeError) and "NoneType" in msg:
+            msg += " (a batch size left at null: set the *_micro_batch_size_per_gpu keys or use_dynamic_bsz=true)"
+        report.error("verl validate_config", msg)

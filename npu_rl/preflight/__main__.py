@@ -1,0 +1,36 @@
+"""``python -m npu_rl.preflight RECIPE [ENV]`` (a dry run through the launcher) or ``check -- OVERRIDES``."""
+
+import argparse
+import os
+import sys
+
+from npu_rl import REPO_ROOT
+from npu_rl.preflight import run_preflight
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["check"]:
+        p = argparse.ArgumentParser(prog="python -m npu_rl.preflight check")
+        p.add_argument("--recipe", default="", help="recipe path, for messages")
+        p.add_argument("args", nargs=argparse.REMAINDER, help="-- then the main_ppo command line")
+        a = p.parse_args(argv[1:])
+        args = a.args[1:] if a.args[:1] == ["--"] else a.args
+        result = run_preflight(args, os.environ)
+        print(f"preflight of {a.recipe or 'the command line'}")
+        print(result.render(), flush=True)
+        return 0 if result.ok else 65
+    p = argparse.ArgumentParser(
+        prog="python -m npu_rl.preflight",
+        description="Check a recipe without starting anything: the same as `bash ray_start_npu.sh --dry-run`.",
+    )
+    p.add_argument("recipe")
+    p.add_argument("env", nargs="?")
+    a = p.parse_args(argv)
+    launcher = str(REPO_ROOT / "ray_start_npu.sh")
+    os.execvp("bash", ["bash", launcher, "--dry-run", a.recipe, *([a.env] if a.env else [])])
+    return 127  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,418 @@
+"""The checks verl does not do: batch arithmetic, parallel layout vs the model, lengths, resources, memory.
+
+Each check reads the composed config through :func:`sel` and adds problems to a :class:`Report`; none
+stops at the first finding. Rules follow the code that would fail at run time (cited per check).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from npu_rl.preflight.model import ModelFacts
+from npu_rl.preflight.report import Report
+
+HBM_PER_DIE_GB = 64  # Atlas A3 (910C) die
+GB = 1024**3
+A = "actor_rollout_ref.actor"
+R = "actor_rollout_ref.rollout"
+
+
+def sel(cfg, key: str, default=None):
+    """``cfg[key]`` for a dotted key with interpolations resolved; ``default`` when absent or unresolvable."""
+    from omegaconf import OmegaConf
+
+    value = OmegaConf.select(cfg, key, default=default, throw_on_resolution_failure=False)
+    return default if value is None else value
+
+
+@dataclass(frozen=True)
+class TrainLayout:
+    """Training parallelism. ``dp`` = world / (TP·PP·CP) for Megatron engines, world / SP for FSDP."""
+
+    engine: str
+    section: str  # dotted prefix of the engine's parallel keys
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    etp: int
+    vpp: int
+    world: int
+
+    @property
+    def dp(self) -> int:
+        return self.world // (self.tp * self.pp * self.cp)
+
+
+@dataclass(frozen=True)
+class RolloutLayout:
+    tp: int
+    dp: int
+    pp: int
+    ep: int
+
+    @property
+    def replica(self) -> int:
+        """Dies per rollout replica (verl: TP x DP x PP)."""
+        return self.tp * self.dp * self.pp
+
+
+def train_layout(cfg, world: int) -> TrainLayout:
+    strategy = str(sel(cfg, f"{A}.strategy", "fsdp"))
+    if strategy in ("megatron", "mindspeed"):
+        s = f"{A}.{strategy}"
+        tp = int(sel(cfg, f"{s}.tensor_model_parallel_size", 1))
+        return TrainLayout(
+            engine=strategy,
+            section=s,
+            tp=tp,
+            pp=int(sel(cfg, f"{s}.pipeline_model_parallel_size", 1)),
+            cp=int(sel(cfg, f"{s}.context_parallel_size", 1)),
+            ep=int(sel(cfg, f"{s}.expert_model_parallel_size", 1)),
+            etp=int(sel(cfg, f"{s}.expert_tensor_parallel_size", tp)),
+            vpp=int(sel(cfg, f"{s}.virtual_pipeline_model_parallel_size", 1)),
+            world=world,
+        )
+    sp = int(sel(cfg, f"{A}.ulysses_sequence_parallel_size", 1))
+    return TrainLayout(strategy, A, 1, 1, sp, 1, 1, 1, world)
+
+
+def rollout_layout(cfg) -> RolloutLayout:
+    return RolloutLayout(
+        tp=int(sel(cfg, f"{R}.tensor_model_parallel_size", 1)),
+        dp=int(sel(cfg, f"{R}.data_parallel_size", 1)),
+        pp=int(sel(cfg, f"{R}.pipeline_model_parallel_size", 1)),
+        ep=int(sel(cfg, f"{R}.expert_parallel_size", 1)),
+    )
+
+
+def check_resources(cfg, env: Mapping[str, str], report: Report) -> int:
+    """Nodes x NPUs of the launcher vs ``trainer.nnodes x trainer.n_gpus_per_node``; returns the world size."""
+    nnodes, per_node = int(sel(cfg, "trainer.nnodes", 1)), int(sel(cfg, "trainer.n_gpus_per_node", 8))
+    world = nnodes * per_node
+    env_nodes, env_npus = env.get("NNODES"), env.get("NPUS_PER_NODE")
+    if env_nodes and env_npus and (int(env_nodes), int(env_npus)) != (nnodes, per_node):
+        report.error(
+            "trainer.nnodes, trainer.n_gpus_per_node",
+            f"the recipe asks for {nnodes} x {per_node} = {world} dies, the launcher has NNODES={env_nodes} x "
+            f"NPUS_PER_NODE={env_npus} = {int(env_nodes) * int(env_npus)}",
+            "pass trainer.nnodes=$NNODES trainer.n_gpus_per_node=$NPUS_PER_NODE in the recipe (or fix the env)",
+        )
+    return world
+
+
+def check_batches(cfg, lay: TrainLayout, report: Report) -> None:
+    """verl 0.9 V1 trainer: mini-batch = ppo_mini_batch_size x n trajectories, split over actor DP
+    (``engine_workers.py``: ``mini_batch_size % dp == 0``); micro batches split the per-die mini-batch."""
+    tbs = int(sel(cfg, "data.train_batch_size", 0))
+    n = int(sel(cfg, f"{R}.n", 1))
+    mini = int(sel(cfg, f"{A}.ppo_mini_batch_size", 0))
+    for key, v in (("data.train_batch_size", tbs), (f"{R}.n", n), (f"{A}.ppo_mini_batch_size", mini)):
+        if v <= 0:
+            report.error(key, f"= {v}; it must be > 0", f"set {key} to a positive integer")
+    if tbs <= 0 or n <= 0 or mini <= 0:
+        return
+    if mini > tbs:
+        report.error(
+            f"{A}.ppo_mini_batch_size",
+            f"ppo_mini_batch_size ({mini}) > data.train_batch_size ({tbs})",
+            f"set ppo_mini_batch_size to a divisor of {tbs}",
+        )
+    elif tbs % mini:
+        report.error(
+            f"{A}.ppo_mini_batch_size",
+            f"data.train_batch_size ({tbs}) is not a multiple of ppo_mini_batch_size ({mini}): "
+            f"{tbs % mini} prompts per step would never be trained on",
+            f"use a divisor of {tbs} for ppo_mini_batch_size",
+        )
+    how = f"{lay.world} dies / (TP {lay.tp} x PP {lay.pp} x CP {lay.cp})"
+    traj = mini * n
+    if traj % lay.dp:
+        report.error(
+            f"{A}.ppo_mini_batch_size",
+            f"ppo_mini_batch_size ({mini}) x rollout.n ({n}) = {traj} trajectories per mini-batch do not split "
+            f"evenly over actor DP {lay.dp} ({how})" + (": each DP rank would get 0" if traj < lay.dp else ""),
+            f"make ppo_mini_batch_size x n a multiple of {lay.dp} "
+            f"(e.g. ppo_mini_batch_size={_next_multiple_div(mini, n, lay.dp)}), or change TP/PP/CP",
+        )
+        return
+    per_die = traj // lay.dp
+    if bool(sel(cfg, f"{A}.use_dynamic_bsz", False)):
+        max_tok = int(sel(cfg, f"{A}.ppo_max_token_len_per_gpu", 0))
+        longest = int(sel(cfg, "data.max_prompt_length", 0)) + int(sel(cfg, "data.max_response_length", 0))
+        if max_tok and max_tok < longest:
+            report.error(
+                f"{A}.ppo_max_token_len_per_gpu",
+                f"{max_tok} tokens < the longest trajectory (prompt + response = {longest}): it fits no micro-batch",
+                f"set ppo_max_token_len_per_gpu >= {longest}",
+            )
+        return
+    micro = sel(cfg, f"{A}.ppo_micro_batch_size_per_gpu")
+    if micro is None:
+        report.error(
+            f"{A}.ppo_micro_batch_size_per_gpu",
+            "not set and use_dynamic_bsz=false: verl cannot size its micro-batches",
+            f"set {A}.ppo_micro_batch_size_per_gpu (a divisor of {per_die}) or {A}.use_dynamic_bsz=true",
+        )
+    elif int(micro) <= 0 or per_die % int(micro):
+        report.error(
+            f"{A}.ppo_micro_batch_size_per_gpu",
+            f"{micro} does not divide the per-die mini-batch {per_die} (= {mini} x {n} / DP {lay.dp})",
+            f"use a divisor of {per_die}",
+        )
+
+
+def _next_multiple_div(mini: int, n: int, dp: int) -> int:
+    m = mini
+    while (m * n) % dp:
+        m += 1
+    return m
+
+
+def check_layout(cfg, lay: TrainLayout, roll: RolloutLayout, model: ModelFacts, npus_per_node: int, report: Report):
+    """Parallel sizes vs the model and the devices.
+
+    Training (megatron-core): TP divides attention heads and KV heads (num_query_groups), PP (x VPP)
+    divides layers unless an uneven split is configured, EP divides experts, TP·PP·CP divides the world
+    and EP·ETP divides world/PP. Rollout (vLLM ``qwen3.py`` attention): TP divides attention heads,
+    and KV heads are either split (KV % TP == 0) or replicated (TP % KV == 0); TP x DP x PP must tile
+    the dies, a replica spanning nodes uses whole nodes, and verl requires EP = TP x DP when EP > 1.
+    """
+    s = lay.section
+    if lay.engine in ("megatron", "mindspeed"):
+        if model.heads % lay.tp:
+            report.error(
+                f"{s}.tensor_model_parallel_size", f"TP {lay.tp} does not divide {model.heads} attention heads"
+            )
+        if model.kv_heads % lay.tp:
+            report.error(
+                f"{s}.tensor_model_parallel_size",
+                f"training TP {lay.tp} does not divide the {model.kv_heads} KV heads (megatron-core needs "
+                "num_query_groups % TP == 0)",
+                f"use a training TP that divides {model.kv_heads}",
+            )
+        uneven = any(
+            sel(cfg, f"{s}.override_transformer_config.{k}") is not None
+            for k in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")
+        )
+        if not uneven and model.layers % (lay.pp * lay.vpp):
+            report.error(
+                f"{s}.pipeline_model_parallel_size",
+                f"PP {lay.pp}"
+                + (f" x VPP {lay.vpp}" if lay.vpp > 1 else "")
+                + f" does not divide {model.layers} layers",
+                "choose a PP that divides the layer count, or set override_transformer_config."
+                "num_layers_in_first/last_pipeline_stage",
+            )
+        elif uneven:
+            first = int(sel(cfg, f"{s}.override_transformer_config.num_layers_in_first_pipeline_stage", 0) or 0)
+            last = int(sel(cfg, f"{s}.override_transformer_config.num_layers_in_last_pipeline_stage", 0) or 0)
+            middle_stages = lay.pp - (first > 0) - (last > 0)
+            middle = model.layers - first - last
+            if middle < 0 or (middle_stages > 0 and middle % middle_stages) or (middle_stages == 0 and middle):
+                report.error(
+                    f"{s}.override_transformer_config",
+                    f"first {first} + last {last} layers leave {middle} for {middle_stages} middle stages of "
+                    f"{model.layers} layers",
+                    "make the stage sizes sum to the layer count",
+                )
+        if lay.world % (lay.tp * lay.pp * lay.cp):
+            report.error(
+                f"{s}.tensor_model_parallel_size",
+                f"TP {lay.tp} x PP {lay.pp} x CP {lay.cp} does not divide {lay.world} dies",
+            )
+        if model.is_moe:
+            if model.experts % lay.ep:
+                report.error(f"{s}.expert_model_parallel_size", f"EP {lay.ep} does not divide {model.experts} experts")
+            if (lay.world // lay.pp) % (lay.ep * lay.etp):
+                report.error(
+                    f"{s}.expert_model_parallel_size",
+                    f"EP {lay.ep} x ETP {lay.etp} does not divide world/PP = {lay.world // lay.pp}",
+                )
+        elif lay.ep > 1:
+            report.error(f"{s}.expert_model_parallel_size", f"EP {lay.ep} on a dense model (no experts)", "set it to 1")
+
+    rk = f"{R}.tensor_model_parallel_size"
+    if model.heads % roll.tp:
+        report.error(rk, f"rollout TP {roll.tp} does not divide {model.heads} attention heads (vLLM)")
+    if model.kv_heads % roll.tp and roll.tp % model.kv_heads:
+        report.error(
+            rk,
+            f"rollout TP {roll.tp} neither divides nor is a multiple of {model.kv_heads} KV heads (vLLM)",
+            f"use a TP that divides {model.kv_heads} or is a multiple of it",
+        )
+    elif roll.tp > model.kv_heads:
+        report.warn(
+            rk,
+            f"rollout TP {roll.tp} > {model.kv_heads} KV heads: vLLM replicates each KV head on "
+            f"{roll.tp // model.kv_heads} dies, so every die caches 1 KV head per layer",
+            f"TP {model.kv_heads} with data_parallel_size x{roll.tp // model.kv_heads} holds more KV per die",
+        )
+    if roll.replica > lay.world or lay.world % roll.replica:
+        report.error(
+            rk,
+            f"a rollout replica is TP {roll.tp} x DP {roll.dp} x PP {roll.pp} = {roll.replica} dies, which does "
+            f"not tile {lay.world} dies",
+            f"choose TP x DP x PP dividing {lay.world}",
+        )
+    elif roll.replica > npus_per_node and roll.replica % npus_per_node:
+        report.error(
+            rk,
+            f"a {roll.replica}-die rollout replica spans nodes of {npus_per_node} dies unevenly",
+            "use a replica size that divides a node or is a multiple of it",
+        )
+    if roll.ep > 1:
+        if roll.ep != roll.tp * roll.dp:
+            report.error(
+                f"{R}.expert_parallel_size",
+                f"rollout EP {roll.ep} != TP {roll.tp} x DP {roll.dp} (verl's RolloutConfig requires equality)",
+                f"set expert_parallel_size={roll.tp * roll.dp}",
+            )
+        if not model.is_moe:
+            report.error(f"{R}.expert_parallel_size", f"EP {roll.ep} on a dense model", "set it to 1")
+        elif model.experts % roll.ep:
+            report.warn(
+                f"{R}.expert_parallel_size",
+                f"rollout EP {roll.ep} does not divide {model.experts} experts: ranks hold unequal expert counts",
+            )
+
+
+def check_reshard_layout(lay: TrainLayout, roll: RolloutLayout, model: ModelFacts, report: Report) -> None:
+    """The all-to-all-v reshard needs a colocated MoE whose experts split evenly on both sides."""
+    key = "ALL_TO_ALL_RESHARD"
+    if not model.is_moe:
+        report.error(key, "the reshard moves MoE experts; this model is dense", "unset ALL_TO_ALL_RESHARD")
+        return
+    if model.experts % lay.ep or model.experts % max(roll.ep, 1):
+        report.error(
+            key,
+            f"{model.experts} experts do not split evenly over train EP {lay.ep} and rollout EP {roll.ep}",
+            "choose EP sizes that divide the expert count",
+        )
+    if roll.ep <= 1:
+        report.error(key, "rollout expert parallelism is off: every rollout rank needs all experts", "set rollout EP")
+
+
+def check_lengths(cfg, model: ModelFacts, report: Report) -> dict[str, int]:
+    """prompt + response <= rollout max_model_len <= max_position_embeddings (verl caps max_tokens at
+    ``max_model_len - len(prompt)``, silently cutting responses of long prompts); prompts fit one
+    ``max_num_batched_tokens`` unless chunked prefill is on."""
+    p, r = int(sel(cfg, "data.max_prompt_length", 0)), int(sel(cfg, "data.max_response_length", 0))
+    mml_set = sel(cfg, f"{R}.max_model_len")
+    mml = int(mml_set) if mml_set is not None else model.max_position_embeddings  # verl's default
+    mpe = model.max_position_embeddings
+    if p + r > mml:
+        report.error(
+            f"{R}.max_model_len",
+            f"data.max_prompt_length ({p}) + data.max_response_length ({r}) = {p + r} > max_model_len ({mml}): "
+            "responses to long prompts would be cut short of max_response_length",
+            f"set {R}.max_model_len={p + r}" + (f" (<= max_position_embeddings {mpe})" if p + r <= mpe else "")
+            if p + r <= mpe
+            else f"shorten prompt/response to fit max_position_embeddings {mpe}",
+        )
+    if mml > mpe:
+        report.error(
+            f"{R}.max_model_len",
+            f"{mml} > the model's max_position_embeddings ({mpe}, {model.source})",
+            f"set it <= {mpe} (or add rope scaling to the model config)",
+        )
+    if p + r > mpe and p + r <= mml:
+        report.error("data.max_response_length", f"prompt + response = {p + r} > max_position_embeddings {mpe}")
+    mnbt = int(sel(cfg, f"{R}.max_num_batched_tokens", 0))
+    chunked = bool(sel(cfg, f"{R}.enable_chunked_prefill", True))
+    if mnbt and mnbt < p:
+        (report.warn if chunked else report.error)(
+            f"{R}.max_num_batched_tokens",
+            f"{mnbt} < data.max_prompt_length ({p}): "
+            + (
+                "long prompts are prefilled in several chunks" if chunked else "vLLM cannot schedule the longest prompt"
+            ),
+            f"set max_num_batched_tokens >= {p}",
+        )
+    mns = int(sel(cfg, f"{R}.max_num_seqs", 0))
+    if mnbt and mns and mnbt < mns:
+        report.error(
+            f"{R}.max_num_batched_tokens",
+            f"{mnbt} < max_num_seqs ({mns}): vLLM refuses to start",
+            f"set max_num_batched_tokens >= {mns}",
+        )
+    return {"prompt": p, "response": r, "max_model_len": mml, "max_position_embeddings": mpe}
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-die HBM (GiB) by part. Activations, graphs and fragmentation are not modelled."""
+
+    train_weights: float
+    train_grads: float
+    train_optimizer: float
+    resident_in_rollout: float  # training state not offloaded while vLLM runs
+    rollout_weights: float
+    kv_budget: float
+    kv_tokens: int  # tokens of KV cache one rollout replica holds
+
+    @property
+    def train_total(self) -> float:
+        return self.train_weights + self.train_grads + self.train_optimizer
+
+
+def estimate_memory(cfg, lay: TrainLayout, roll: RolloutLayout, model: ModelFacts) -> MemoryEstimate:
+    """Per-die estimate: bf16 weights, fp32 gradients, fp32 AdamW master + 2 moments (12 B/param,
+    sharded over DP with the distributed optimizer), vLLM weights over rollout TP (experts over EP),
+    KV budget = gpu_memory_utilization x HBM - rollout weights."""
+    dense, expert = model.params()
+    if lay.engine in ("megatron", "mindspeed"):
+        on_die = dense / (lay.tp * lay.pp) + expert / (lay.ep * lay.etp * lay.pp)
+        expert_dp = max(lay.world // (lay.ep * lay.etp * lay.pp), 1)
+        sharded = bool(sel(cfg, f"{lay.section}.use_distributed_optimizer", True))
+        opt_params = dense / (lay.tp * lay.pp) / (lay.dp if sharded else 1) + expert / (lay.ep * lay.etp * lay.pp) / (
+            expert_dp if sharded else 1
+        )
+        offload = {k: bool(sel(cfg, f"{lay.section}.{k}_offload", False)) for k in ("param", "grad", "optimizer")}
+    else:  # FSDP shards everything over the world
+        on_die = (dense + expert) / lay.world
+        opt_params = on_die
+        offload = {
+            "param": bool(sel(cfg, f"{A}.fsdp_config.param_offload", False)),
+            "grad": bool(sel(cfg, f"{A}.fsdp_config.param_offload", False)),
+            "optimizer": bool(sel(cfg, f"{A}.fsdp_config.optimizer_offload", False)),
+        }
+    w, g, o = on_die * 2 / GB, on_die * 4 / GB, opt_params * 12 / GB
+    resident = (0 if offload["param"] else w) + (0 if offload["grad"] else g) + (0 if offload["optimizer"] else o)
+    ep_split = roll.tp * roll.dp if roll.ep > 1 else roll.tp
+    rw = (dense / roll.tp + expert / ep_split) * 2 / GB
+    util = float(sel(cfg, f"{R}.gpu_memory_utilization", 0.5))
+    kv_budget = util * HBM_PER_DIE_GB - rw
+    kv_heads_per_die = max(model.kv_heads // roll.tp, 1)
+    per_token = 2 * model.layers * kv_heads_per_die * model.head_dim * 2  # K and V, bf16, one die
+    kv_tokens = int(max(kv_budget, 0) * GB / per_token) if per_token else 0
+    return MemoryEstimate(w, g, o, resident, rw, kv_budget, kv_tokens)
+
+
+def check_memory(cfg, est: MemoryEstimate, lengths: Mapping[str, int], report: Report) -> None:
+    """Warnings (not errors: the estimate leaves out activations) when a phase cannot fit a 64 GB die."""
+    hbm = HBM_PER_DIE_GB
+    if est.train_total > hbm * 0.9:
+        report.warn(
+            "memory (training)",
+            f"weights {est.train_weights:.1f} + grads {est.train_grads:.1f} + optimizer {est.train_optimizer:.1f} "
+            f"= {est.train_total:.1f} GiB per die before activations, HBM {hbm} GiB",
+            "raise TP/PP/EP, keep the distributed optimizer on, or offload",
+        )
+    util = float(sel(cfg, f"{R}.gpu_memory_utilization", 0.5))
+    if est.resident_in_rollout + util * hbm > hbm:
+        report.warn(
+            f"{R}.gpu_memory_utilization",
+            f"vLLM takes {util} x {hbm} = {util * hbm:.1f} GiB while {est.resident_in_rollout:.1f} GiB of training "
+            "state stays on the die (not offloaded)",
+            "offload params/grads/optimizer during rollout, or lower gpu_memory_utilization",
+        )
+    if est.kv_budget <= 0 or est.kv_tokens < lengths["max_model_len"]:
+        report.warn(
+            f"{R}.gpu_memory_utilization",
+            f"KV budget {est.kv_budget:.1f} GiB per die (= {util} x {hbm} - weights {est.rollout_weights:.1f}) holds "
+            f"{est.kv_tokens} tokens, less than one max_model_len ({lengths['max_model_len']}) sequence: "
+            "vLLM will refuse to start",
+            "raise rollout TP or gpu_memory_utilization",
+        )

@@ -1,0 +1,270 @@
+"""Compose a recipe's overrides with the pinned, patched verl's own Hydra config, checking every key.
+
+Hydra stops at the first unknown key and accepts anything written with ``+``; here every override is
+checked against the composed base config first, so that all problems are reported at once, typos get
+the closest existing key, a missing or superfluous ``+`` is named, and keys added under free-form
+dicts are checked against the schema of the library that reads them (vLLM, megatron-core).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from npu_rl.preflight.freeform import check_freeform
+from npu_rl.preflight.report import Report
+
+# Free-form dicts: the last path component -> the schema that checks keys added below it.
+FREEFORM_SCHEMAS = {"vllm": "vllm", "override_transformer_config": "megatron"}
+
+
+def verl_config_dir() -> Path:
+    """``verl/trainer/config`` of the verl this interpreter imports (the pinned, patched tree)."""
+    import verl
+
+    return Path(verl.__file__).parent / "trainer" / "config"
+
+
+@dataclass
+class Cli:
+    """A ``main_ppo`` command line split into Hydra flags and overrides."""
+
+    config_name: str
+    config_dir: Path
+    overrides: list[str]
+
+
+def split_cli(args: list[str]) -> Cli:
+    """Separate ``--config-name``/``--config-path``/``-cn``/``-cp`` from the overrides.
+
+    Raises:
+        ValueError: a Hydra flag this preflight cannot follow (``--multirun``, ``--config-dir``...).
+    """
+    name, path, rest = "ppo_trainer", None, []
+    it = iter(args)
+    for a in it:
+        flag, eq, val = a.partition("=")
+        if flag in ("--config-name", "-cn"):
+            name = val if eq else next(it)
+        elif flag in ("--config-path", "-cp"):
+            path = val if eq else next(it)
+        elif a.startswith("-"):
+            raise ValueError(f"Hydra flag {a!r} is not supported by the preflight; pass overrides only")
+        else:
+            rest.append(a)
+    config_dir = verl_config_dir()
+    if path:
+        p = Path(path)
+        config_dir = p if p.is_absolute() else (config_dir.parent / p).resolve()
+    return Cli(name, config_dir, rest)
+
+
+def _is_group(key: str, config_dir: Path) -> bool:
+    return "/" in key or ("." not in key and (config_dir / key).is_dir())
+
+
+def _container(cfg) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=False)
+
+
+def _walk(tree: Any, parts: list[str]) -> tuple[int, Any]:
+    """(number of leading parts that exist, node at that depth)."""
+    node = tree
+    for i, p in enumerate(parts):
+        if isinstance(node, dict) and p in node:
+            node = node[p]
+        else:
+            return i, node
+    return len(parts), node
+
+
+def _leaf_paths(tree: Any, prefix: str = "") -> list[str]:
+    out = []
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            path = f"{prefix}.{k}" if prefix else str(k)
+            out.append(path)
+            out.extend(_leaf_paths(v, path))
+    return out
+
+
+def suggest(tree: dict, key: str) -> str | None:
+    """The existing key closest to ``key``: component-wise nearest siblings, else a same-named leaf elsewhere."""
+    parts = key.split(".")
+    node, fixed = tree, []
+    for p in parts:
+        if not isinstance(node, dict):
+            break
+        if p in node:
+            fixed.append(p)
+            node = node[p]
+            continue
+        close = difflib.get_close_matches(p, [str(k) for k in node], n=1, cutoff=0.6)
+        if not close:
+            break
+        fixed.append(close[0])
+        node = node[close[0]]
+    else:
+        return ".".join(fixed)
+    leaf = parts[-1]
+    same = [p for p in _leaf_paths(tree) if p.rsplit(".", 1)[-1] == leaf]
+    if same:
+        return min(same, key=lambda s: -difflib.SequenceMatcher(None, s, key).ratio())
+    return None
+
+
+def check_overrides(cli: Cli, report: Report) -> list[str]:
+    """Check every override of ``cli`` against the base config; return the overrides safe to compose.
+
+    A missing ``+`` is added (and reported), an unknown key is reported with a suggestion and dropped,
+    so composition can go on and every other check still runs.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    parsed = []
+    for raw in cli.overrides:
+        try:
+            parsed.append((raw, parser.parse_override(raw)))
+        except Exception as e:  # noqa: BLE001 - Hydra's grammar errors are many types
+            report.error(raw, f"not a valid Hydra override: {e}", "write key=value (quote values with spaces)")
+    groups = [raw for raw, o in parsed if _is_group(o.key_or_group, cli.config_dir)]
+    try:
+        with initialize_config_dir(config_dir=str(cli.config_dir), version_base=None):
+            base = compose(cli.config_name, overrides=groups)
+    except Exception as e:  # noqa: BLE001
+        report.error(" ".join(groups) or cli.config_name, f"verl's config does not compose: {e}")
+        return []
+    tree = _container(base)
+
+    alternates = _Alternates(cli, groups)
+    kept = list(groups)
+    for raw, o in parsed:
+        key = o.key_or_group
+        if raw in groups:
+            continue
+        parts = key.split(".")
+        depth, node = _walk(tree, parts)
+        exists = depth == len(parts)
+        value = o.value() if not o.is_delete() else None
+        if o.is_delete():
+            if exists:
+                kept.append(raw)
+            else:
+                report.error(key, "cannot delete a key that does not exist", _fix_unknown(tree, key))
+            continue
+        if exists:
+            if o.is_add():
+                report.error(key, f"'+{key}' adds a key that already exists", f"drop the '+': {key}={_value_text(raw)}")
+                kept.append(raw[1:])
+            else:
+                kept.append(raw)
+            continue
+        # The key does not exist in the base config.
+        parent_path = ".".join(parts[:depth])
+        freeform = _freeform_schema(tree, parts, depth)
+        if freeform is None:
+            section = parent_path or "the root"
+            hint = _fix_unknown(tree, key) if suggest(tree, key) else alternates.hint(key) or _fix_unknown(tree, key)
+            report.error(key, f"no such key in verl's config (under {section})", hint)
+            continue
+        schema, below = freeform
+        if not (o.is_add() or o.is_force_add()):
+            report.error(
+                key,
+                f"{parent_path} is a free-form dict: new keys need a '+'",
+                f"write +{key}={_value_text(raw)}",
+            )
+            raw = "+" + raw
+        bad = None if _is_feature_switch(key) else check_freeform(schema, below, value)
+        if bad:
+            msg, name, valid = bad
+            close = difflib.get_close_matches(name, valid, n=3)
+            report.error(key, msg, f"did you mean: {', '.join(close)}" if close else f"valid: {', '.join(valid[:20])}")
+            continue
+        kept.append(raw)
+    return kept
+
+
+def _is_feature_switch(key: str) -> bool:
+    """Keys that switch a feature of this project: their availability is judged by the feature table."""
+    from npu_rl.features import FEATURES
+
+    return any(f.config and f.config[0] == key for f in FEATURES)
+
+
+class _Alternates:
+    """The base config under the other ``model_engine`` choices, composed on demand.
+
+    Finds keys that exist only with another engine (``actor.megatron.*`` in an FSDP recipe).
+    """
+
+    def __init__(self, cli: Cli, groups: list[str]):
+        self.cli, self.groups, self.trees = cli, groups, None
+
+    def _load(self) -> dict[str, dict]:
+        from hydra import compose, initialize_config_dir
+
+        trees = {}
+        current = {g.split("=", 1)[0]: g.split("=", 1)[1] for g in self.groups if "=" in g}.get("model_engine")
+        for yaml in sorted((self.cli.config_dir / "model_engine").glob("*.yaml")):
+            if yaml.stem == current:
+                continue
+            others = [g for g in self.groups if not g.startswith("model_engine=")]
+            try:
+                with initialize_config_dir(config_dir=str(self.cli.config_dir), version_base=None):
+                    trees[yaml.stem] = _container(compose(self.cli.config_name, [*others, f"model_engine={yaml.stem}"]))
+            except Exception:  # noqa: BLE001,S112 - an engine whose config does not compose offers no hint
+                continue
+        return trees
+
+    def hint(self, key: str) -> str | None:
+        if self.trees is None:
+            self.trees = self._load()
+        for engine, tree in self.trees.items():
+            depth, _ = _walk(tree, key.split("."))
+            found = key if depth == len(key.split(".")) else suggest(tree, key)
+            if found:
+                mean = "" if found == key else f"; did you mean {found}?"
+                return f"this key exists with model_engine={engine} (the recipe's engine differs){mean}"
+        return None
+
+
+def _freeform_schema(tree: dict, parts: list[str], depth: int) -> tuple[str, list[str]] | None:
+    """(schema, components below the free-form dict) if the key lies under a free-form dict, else None.
+
+    A dict is free-form when the config gives it no fields (``{}``) or it is a known free-form section;
+    a section with a ``_target_`` dataclass is never free-form (an unknown key would crash verl).
+    """
+    for i in range(depth, 0, -1):
+        _, node = _walk(tree, parts[:i])
+        name = parts[i - 1]
+        if name in FREEFORM_SCHEMAS:
+            return FREEFORM_SCHEMAS[name], parts[i:]
+        if isinstance(node, dict) and "_target_" in node:
+            return None
+        if isinstance(node, dict) and not node and i == depth:
+            return "any", parts[i:]
+    return None
+
+
+def _value_text(raw: str) -> str:
+    return raw.split("=", 1)[1] if "=" in raw else ""
+
+
+def _fix_unknown(tree: dict, key: str) -> str:
+    s = suggest(tree, key)
+    return f"did you mean {s}?" if s else "check the key against verl's _generated_ppo_*_trainer.yaml"
+
+
+def compose_config(cli: Cli, overrides: list[str]):
+    """Compose ``overrides`` with verl's config (raises Hydra's errors)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(cli.config_dir), version_base=None):
+        return compose(cli.config_name, overrides=overrides)

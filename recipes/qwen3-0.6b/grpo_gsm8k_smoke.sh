@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Qwen3-0.6B GRPO on GSM8K: the smallest end-to-end check of a node (minutes, a few dies).
+#   bash ray_start_npu.sh recipes/qwen3-0.6b/grpo_gsm8k_smoke.sh recipes/qwen3-0.6b/env_1node.sh
+set -euo pipefail
+# shellcheck source=internal/verl.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../internal/verl.sh"
+
+NPUS_PER_NODE="${NPUS_PER_NODE:-16}"
+MODEL_PATH="${MODEL_PATH:-$HOME/models/Qwen3-0.6B}"
+DATA_DIR="${DATA_DIR:-$HOME/data}"
+
+DATA=(
+    data.train_files="$DATA_DIR/gsm8k/train.parquet"
+    data.val_files="$DATA_DIR/gsm8k/test.parquet"
+    data.train_batch_size=64
+    data.max_prompt_length=512
+    data.max_response_length=1024
+)
+MODEL=(
+    actor_rollout_ref.model.path="$MODEL_PATH"
+    actor_rollout_ref.model.use_remove_padding=True
+    actor_rollout_ref.model.enable_gradient_checkpointing=True
+)
+ALGORITHM=(
+    algorithm.adv_estimator=grpo
+    actor_rollout_ref.actor.use_kl_loss=False
+    actor_rollout_ref.actor.optim.lr=1e-6
+    actor_rollout_ref.actor.ppo_mini_batch_size=16
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8
+)
+ROLLOUT=(
+    actor_rollout_ref.rollout.name=vllm
+    actor_rollout_ref.rollout.n=4
+    actor_rollout_ref.rollout.tensor_model_parallel_size=1
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.5
+    actor_rollout_ref.rollout.max_num_batched_tokens=4096
+    actor_rollout_ref.rollout.load_format=auto
+)
+FEATURES=()
+TRAINER=(
+    trainer.device=npu
+    trainer.nnodes=1
+    trainer.n_gpus_per_node="$NPUS_PER_NODE"
+    trainer.project_name=npu-rl-smoke
+    trainer.experiment_name=qwen3-0.6b-gsm8k
+    'trainer.logger=["console"]'
+    trainer.total_epochs=1
+    trainer.total_training_steps=20
+    trainer.save_freq=-1
+    trainer.test_freq=10
+)
+
+run_verl "${DATA[@]}" "${MODEL[@]}" "${ALGORITHM[@]}" "${ROLLOUT[@]}" "${FEATURES[@]}" "${TRAINER[@]}" "$@"

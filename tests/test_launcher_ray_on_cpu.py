@@ -1,0 +1,179 @@
+"""ray_start_npu.sh end to end with a real single-machine Ray (fake NPU counts, loopback only).
+
+Every test checks that nothing it started outlives it: Ray is given a private --temp-dir, and no
+process whose command line mentions it (or the test recipe) may be left afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from npu_rl import REPO_ROOT
+
+pytest.importorskip("ray")
+
+RECIPE = REPO_ROOT / "tests" / "recipes" / "exit_code.sh"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ours(marker: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and any(marker in part for part in p.info["cmdline"] or []):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return [p for p in found if p.pid != os.getpid()]
+
+
+@pytest.fixture
+def job(tmp_path):
+    """Environment of a one-machine job; on teardown, asserts (then ensures) nothing was left running."""
+    ray_tmp = tempfile.mkdtemp(prefix="/tmp/nrl")  # short: Ray's socket paths must fit 107 bytes
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "NPUS_PER_NODE": "4",
+        "RAY_AUTH_MODE": "disabled",
+        "LOG_DIR": str(tmp_path / "logs"),
+        "NPU_RL_TRAIN_PYTHON": sys.executable,
+        "RAY_START_ARGS": f"--temp-dir={ray_tmp} --num-cpus=1 --include-dashboard=false",
+        "NPU_RL_WORKER_POLL": "1",
+    }
+    env.pop("RAY_ADDRESS", None)
+    yield env, ray_tmp
+    left = _ours(ray_tmp) + _ours(str(RECIPE))
+    for p in left:
+        p.kill()
+    assert not left, f"processes left behind: {[p.pid for p in left]}"
+
+
+def _launch(env, *args, timeout=180):
+    """Run the launcher; ``.stdout`` holds stdout and stderr together (the recipe's output is teed to stdout)."""
+    return subprocess.run(
+        ["bash", str(REPO_ROOT / "ray_start_npu.sh"), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _run_dir(env) -> Path:
+    (run,) = Path(env["LOG_DIR"]).iterdir()
+    return run
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_head_runs_the_recipe_and_exits_with_its_code(job, code):
+    env, _ = job
+    r = _launch({**env, "TRAIN_EXIT": str(code)}, str(RECIPE))
+    assert r.returncode == code, r.stdout
+    run = _run_dir(env)
+    assert run.name.endswith("-exit_code")
+    assert f"training on 127.0.0.1:{env['MASTER_PORT']} with 1 x 4 NPU" in (run / "train.log").read_text()
+    assert "plan mode" in (run / "preflight.txt").read_text()  # the head ran the preflight first
+    assert "cluster ready: 1/1 nodes, NPU 4/4" in r.stdout
+    assert "stopping Ray" in (run / "launcher.log").read_text()
+
+
+def test_case7_head_times_out_waiting_for_a_second_node(job):
+    env, _ = job
+    started = time.monotonic()
+    r = _launch({**env, "NNODES": "2", "SOCKET_IFNAME": "lo", "NODE_WAIT_TIMEOUT": "4"}, str(RECIPE))
+    assert r.returncode == 75, r.stdout
+    assert "NODE_WAIT_TIMEOUT=4s passed: 1/2 nodes, NPU 4/8" in r.stdout
+    assert "missing: 1 node(s), 4 NPU" in r.stdout
+    assert "stopping Ray" in r.stdout
+    assert not (_run_dir(env) / "train.log").exists()  # the recipe never ran
+    assert time.monotonic() - started < 120
+
+
+def test_worker_gives_up_when_no_head_listens(job):
+    env, _ = job
+    r = _launch(
+        {**env, "NNODES": "2", "MASTER_ADDR": "127.0.0.2", "SOCKET_IFNAME": "lo", "WORKER_JOIN_TIMEOUT": "3"},
+        str(RECIPE),
+    )
+    assert r.returncode == 69, r.stdout
+    assert "worker node 127.0.0.1 (lo)" in r.stdout
+    assert f"the head 127.0.0.2:{env['MASTER_PORT']} did not answer after" in r.stdout
+
+
+def test_case1_gpu_registered_node_is_named_and_a_foreign_cluster_is_not_reused(job):
+    env, ray_tmp = job
+    port = env["MASTER_PORT"]
+    ray = Path(sys.executable).with_name("ray")
+    cmd = [str(ray), "start", "--block", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-gpus=4"]
+    foreign = subprocess.Popen(
+        [*cmd, f"--temp-dir={ray_tmp}", "--num-cpus=1", "--include-dashboard=false", "--disable-usage-stats"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not _port_open(int(port)):
+            assert foreign.poll() is None and time.monotonic() < deadline, "the test's Ray head did not start"
+            time.sleep(0.5)
+        w = subprocess.run(
+            [sys.executable, "-m", "npu_rl.launch", "wait", f"--address=127.0.0.1:{port}", "--nodes=1",
+             "--npus-per-node=4", "--timeout=3"],
+            env=env, capture_output=True, text=True, timeout=120, check=False, cwd=REPO_ROOT,
+        )  # fmt: skip
+        assert w.returncode == 75, w.stderr
+        assert "registered 4 GPU and no NPU" in w.stderr and "--num-gpus" in w.stderr
+        r = _launch(env, str(RECIPE))
+        assert r.returncode == 69, r.stdout
+        assert "a Ray node is already running on this machine" in r.stdout
+        assert foreign.poll() is None  # refused, and left alone
+    finally:
+        foreign.send_signal(signal.SIGTERM)  # `ray start --block` drains, then stops its daemons
+        foreign.wait(timeout=60)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(foreign.pid, signal.SIGKILL)
+
+
+def test_sigterm_stops_the_recipe_and_ray(job):
+    env, _ = job
+    proc = subprocess.Popen(
+        ["bash", str(REPO_ROOT / "ray_start_npu.sh"), str(RECIPE)],
+        env={**env, "TRAIN_SLEEP": "120"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while True:
+        logs = list(Path(env["LOG_DIR"]).glob("*/train.log"))
+        if logs and "sleeping" in logs[0].read_text():
+            break
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    err, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "SIGTERM: stopping exit_code.sh" in err and "stopping Ray" in err
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
