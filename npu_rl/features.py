@@ -157,3 +157,18 @@ def feature_state(env: Mapping[str, str], select: Callable[[str], object]) -> Fe
                 (key, "is not a variable any npu-rl feature reads", f"did you mean {close[0]}?" if close else "")
             )
     return st
+
+
+def features_table() -> str:
+    """The README's feature table (markdown), generated from :data:`FEATURES`."""
+    rows = ["| feature | switch | tuning | in this release |", "|---|---|---|---|"]
+    for f in FEATURES:
+        switch = f"`{f.env}=1`" if f.env else f"`{f.config[0]}={f.config[1]}`"  # type: ignore[index]
+        tuning = ", ".join(f"`{p}`" for p in f.params) or "–"
+        status = "yes" if f.available() else f"not yet (issue {f.issue}); switching it on is rejected"
+        rows.append(f"| {f.name}: {f.summary} | {switch} | {tuning} | {status} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(features_table())

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The project's test command (README, second line; .ci/run calls it after the set-up):
+# The project's test command (README, third line; .ci/run calls it after the set-up):
 # our pytest suite, ruff, shellcheck on every *.sh, hadolint on docker/, and the upstream
 # projects' own CPU tests that cover the files our patches touch, run in the patched trees.
 # Needs the set-up of the README's first line (sources downloaded and patched, .venv installed).

@@ -93,7 +93,7 @@ def _leaf_paths(tree: Any, prefix: str = "") -> list[str]:
 
 
 def suggest(tree: dict, key: str) -> str | None:
-    """The existing key closest to ``key``: component-wise nearest siblings, else a same-named leaf elsewhere."""
+    """The existing key closest to ``key``, correcting one component at a time by its nearest sibling."""
     parts = key.split(".")
     node, fixed = tree, []
     for p in parts:
@@ -110,11 +110,14 @@ def suggest(tree: dict, key: str) -> str | None:
         node = node[close[0]]
     else:
         return ".".join(fixed)
-    leaf = parts[-1]
-    same = [p for p in _leaf_paths(tree) if p.rsplit(".", 1)[-1] == leaf]
-    if same:
-        return min(same, key=lambda s: -difflib.SequenceMatcher(None, s, key).ratio())
     return None
+
+
+def same_leaf(tree: dict, key: str) -> str | None:
+    """An existing key elsewhere with the same last component (``actor.x`` written for ``actor.megatron.x``)."""
+    leaf = key.rsplit(".", 1)[-1]
+    same = [p for p in _leaf_paths(tree) if p.rsplit(".", 1)[-1] == leaf]
+    return max(same, key=lambda s: difflib.SequenceMatcher(None, s, key).ratio()) if same else None
 
 
 def check_overrides(cli: Cli, report: Report) -> list[str]:
@@ -170,7 +173,7 @@ def check_overrides(cli: Cli, report: Report) -> list[str]:
         freeform = _freeform_schema(tree, parts, depth)
         if freeform is None:
             section = parent_path or "the root"
-            hint = _fix_unknown(tree, key) if suggest(tree, key) else alternates.hint(key) or _fix_unknown(tree, key)
+            hint = _fix_unknown(tree, key, alternates)
             report.error(key, f"no such key in verl's config (under {section})", hint)
             continue
         schema, below = freeform
@@ -257,8 +260,14 @@ def _value_text(raw: str) -> str:
     return raw.split("=", 1)[1] if "=" in raw else ""
 
 
-def _fix_unknown(tree: dict, key: str) -> str:
+def _fix_unknown(tree: dict, key: str, alternates: _Alternates | None = None) -> str:
     s = suggest(tree, key)
+    if s:
+        return f"did you mean {s}?"
+    other = alternates.hint(key) if alternates else None
+    if other:
+        return other
+    s = same_leaf(tree, key)
     return f"did you mean {s}?" if s else "check the key against verl's _generated_ppo_*_trainer.yaml"
 
 

@@ -1,0 +1,264 @@
+"""The preflight against the pinned, patched verl's own Hydra config (imported on CPU).
+
+The issue's cases run end to end through ``ray_start_npu.sh --dry-run`` with the small recipes in
+tests/recipes/; rule boundaries are checked in-process with :func:`run_preflight`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from npu_rl import REPO_ROOT
+from npu_rl.preflight import run_preflight
+from npu_rl.preflight.model import MODELS_DIR, load_model_facts
+
+pytest.importorskip("verl")
+
+TESTS = REPO_ROOT / "tests" / "recipes"
+ENV_2X16 = {"NNODES": "2", "NPUS_PER_NODE": "16"}
+
+# The valid base of tests/recipes/base_qwen3_32b.sh, for in-process checks.
+BASE = [
+    "model_engine=megatron",
+    "actor_rollout_ref.model.path=/nonexistent/Qwen3-32B",
+    "data.train_batch_size=64",
+    "data.max_prompt_length=2048",
+    "data.max_response_length=8192",
+    "algorithm.adv_estimator=grpo",
+    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=8",
+    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+    "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.rollout.n=8",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=8",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.8",
+    "actor_rollout_ref.rollout.max_model_len=10240",
+    "trainer.nnodes=2",
+    "trainer.n_gpus_per_node=16",
+]
+
+
+def dry_run(recipe, env_script=None, *overrides, env=None):
+    """``bash ray_start_npu.sh --dry-run``; returns (exit code, stdout+stderr)."""
+    args = ["bash", str(REPO_ROOT / "ray_start_npu.sh"), "--dry-run", str(recipe)]
+    args += [str(env_script)] if env_script else []
+    full_env = {k: v for k, v in __import__("os").environ.items() if k not in ("NNODES", "MASTER_ADDR")}
+    full_env.update(env or {})
+    full_env["NPU_RL_TRAIN_PYTHON"] = sys.executable
+    r = subprocess.run([*args, *overrides], env=full_env, capture_output=True, text=True, timeout=300, check=False)
+    return r.returncode, r.stdout + r.stderr
+
+
+def check(*extra, env=ENV_2X16, base=BASE):
+    return run_preflight([*base, *extra], env)
+
+
+def errors(result):
+    return {p.key: p for p in result.report.errors}
+
+
+def test_base_recipe_is_accepted_with_a_plan():
+    r = check()
+    assert r.ok, r.render()
+    plan = dict(r.plan)
+    assert plan["train layout"] == "megatron: TP 8 PP 2 CP 1 EP 1 ETP 8 -> DP 2"
+    assert plan["rollout layout"].startswith("TP 8 DP 1 PP 1 EP 1: 4 replica(s) of 8 dies")
+
+
+def test_case2_mini_batch_that_rounds_to_zero_names_the_three_values():
+    rc, out = dry_run(TESTS / "case2_mini_batch_rounds_to_zero.sh", TESTS / "env_2x16.sh")
+    assert rc == 65, out
+    assert (
+        "ppo_mini_batch_size (16) x rollout.n (1) = 16 trajectories per mini-batch do not split evenly over "
+        "actor DP 32 (32 dies / (TP 1 x PP 1 x CP 1)): each DP rank would get 0" in out
+    )
+    assert "error: actor_rollout_ref.actor.ppo_mini_batch_size:" in out and "fix: make ppo_mini_batch_size" in out
+
+
+def test_case3_prompt_plus_response_longer_than_max_model_len():
+    rc, out = dry_run(TESTS / "case3_response_longer_than_max_model_len.sh", TESTS / "env_2x16.sh")
+    assert rc == 65, out
+    assert "error: actor_rollout_ref.rollout.max_model_len: data.max_prompt_length (2048) + " in out
+    assert "= 34816 > max_model_len (32768)" in out
+    assert "fix: set actor_rollout_ref.rollout.max_model_len=34816 (<= max_position_embeddings 40960)" in out
+
+
+def test_case4_typo_in_a_key_gets_the_right_key():
+    rc, out = dry_run(TESTS / "case4_typo_in_key.sh", TESTS / "env_2x16.sh")
+    assert rc == 65, out
+    assert "error: actor_rollout_ref.actor.megatron.expert_paralel_size: no such key" in out
+    assert "did you mean actor_rollout_ref.actor.megatron.expert_model_parallel_size?" in out
+
+
+def test_case5_rollout_tp16_with_8_kv_heads_is_accepted_and_the_replication_said():
+    rc, out = dry_run(TESTS / "case5_rollout_tp16.sh", TESTS / "env_2x16.sh")
+    assert rc == 0, out
+    assert "warning: actor_rollout_ref.rollout.tensor_model_parallel_size: rollout TP 16 > 8 KV heads" in out
+    assert "replica(s) of 16 dies" in out
+
+
+def _model(tmp_path, heads, kv):
+    cfg = json.loads((MODELS_DIR / "Qwen3-32B.json").read_text())
+    cfg.update(num_attention_heads=heads, num_key_value_heads=kv)
+    d = tmp_path / f"model-{heads}-{kv}"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    return f"actor_rollout_ref.model.path={d}"
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv", "tp", "ok", "why"),
+    [
+        (64, 8, 16, True, "KV replicated x2"),  # TP a multiple of KV heads
+        (64, 16, 16, True, "KV split"),  # TP divides KV heads
+        (48, 6, 16, False, "neither divides nor is a multiple of 6 KV heads"),
+        (40, 8, 16, False, "does not divide 40 attention heads"),
+        (64, 8, 8, True, "one KV head per die"),
+    ],
+)
+def test_case5_rollout_tp_rule_on_both_sides_of_the_boundary(tmp_path, heads, kv, tp, ok, why):
+    r = check(_model(tmp_path, heads, kv), f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}")
+    key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    assert (key not in errors(r)) is ok, r.render()
+    if not ok:
+        assert why in errors(r)[key].message
+
+
+def test_training_tp_must_divide_kv_heads():
+    r = check("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=16")
+    msg = errors(r)["actor_rollout_ref.actor.megatron.tensor_model_parallel_size"].message
+    assert "training TP 16 does not divide the 8 KV heads" in msg
+
+
+def test_layout_vs_model_layers_and_experts():
+    r = check("actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=3")
+    assert "PP 3 does not divide 64 layers" in r.render()
+    moe = [a.replace("Qwen3-32B", "Qwen3-30B-A3B") for a in BASE]
+    r = check("actor_rollout_ref.actor.megatron.expert_model_parallel_size=3", base=moe)
+    assert "EP 3 does not divide 128 experts" in r.render()
+    r = check("actor_rollout_ref.rollout.expert_parallel_size=4", base=moe)
+    assert "rollout EP 4 != TP 8 x DP 1" in errors(r)["actor_rollout_ref.rollout.expert_parallel_size"].message
+
+
+def test_plus_is_named_when_missing_or_superfluous_and_freeform_keys_are_checked():
+    r = check(
+        "+data.train_batch_size=32",
+        "actor_rollout_ref.rollout.engine_kwargs.vllm.enable_expert_parallel=true",
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.max_num_partial_prefils=2",
+        "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularty=full",
+        "+actor_rollout_ref.rollout.max_model_length=100",
+    )
+    e = errors(r)
+    assert e["data.train_batch_size"].fix == "drop the '+': data.train_batch_size=32"
+    assert e["actor_rollout_ref.rollout.engine_kwargs.vllm.enable_expert_parallel"].fix.startswith("write +actor")
+    partial = e["actor_rollout_ref.rollout.engine_kwargs.vllm.max_num_partial_prefils"]
+    assert "not an argument of vLLM's EngineArgs" in partial.message and "max_num_partial_prefills" in partial.fix
+    rec = e["actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularty"]
+    assert "TransformerConfig" in rec.message and "recompute_granularity" in rec.fix
+    assert (
+        "did you mean actor_rollout_ref.rollout.max_model_len?" in e["actor_rollout_ref.rollout.max_model_length"].fix
+    )
+    assert len(r.report.errors) == 5, r.render()  # all collected, none stops the others
+
+
+def test_keys_of_another_engine_are_explained():
+    fsdp = [a for a in BASE if "megatron" not in a]
+    r = check("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", base=fsdp)
+    fix = errors(r)["actor_rollout_ref.actor.megatron.tensor_model_parallel_size"].fix
+    assert "exists with model_engine=megatron" in fix
+
+
+def test_nodes_and_dies_must_match_the_launcher():
+    r = check(env={"NNODES": "1", "NPUS_PER_NODE": "16"})
+    p = errors(r)["trainer.nnodes, trainer.n_gpus_per_node"]
+    assert "2 x 16 = 32 dies, the launcher has NNODES=1 x NPUS_PER_NODE=16 = 16" in p.message
+
+
+def test_micro_batch_must_divide_the_per_die_mini_batch():
+    r = check("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3")  # 16 x 8 / DP 2 = 64 per die
+    assert (
+        "3 does not divide the per-die mini-batch 64"
+        in errors(r)["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"].message
+    )
+
+
+def test_verl_validate_config_runs_and_its_failure_is_reported():
+    r = check("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=null")
+    assert "log_prob_micro_batch_size" in errors(r)["verl validate_config"].message
+
+
+def test_feature_switches_unavailable_renamed_and_misspelt():
+    r = check(
+        env={
+            **ENV_2X16,
+            "ALL_TO_ALL_RESHARD": "1",
+            "VLLM_DP_SIZE": "4",
+            "VLLM_ROLLOUT_EARLY_STOP_FACTR": "2",
+            "ROLLOUT_REBALANCE_ENABLE": "maybe",
+        }
+    )
+    e = errors(r)
+    reshard = [p.message for p in r.report.errors if p.key == "ALL_TO_ALL_RESHARD"]
+    assert "not in this release yet (issue 7)" in reshard[0]
+    assert "this model is dense" in reshard[1]  # the layout rules of the switch still run
+    assert "actor_rollout_ref.rollout.data_parallel_size" in e["VLLM_DP_SIZE"].fix
+    assert "'maybe' is not a boolean" in e["ROLLOUT_REBALANCE_ENABLE"].message
+    (typo,) = [w for w in r.report.warnings if w.key == "VLLM_ROLLOUT_EARLY_STOP_FACTR"]
+    assert typo.fix == "did you mean VLLM_ROLLOUT_EARLY_STOP_FACTOR?"
+    r = check("+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config.method=sam")
+    assert "not in this release yet (issue 6)" in r.render()
+
+
+def test_model_facts_match_the_model_cards():
+    # Qwen3 model cards: 32.8B parameters; 235B total with 22B activated (8 of 128 experts).
+    dense, expert = load_model_facts(MODELS_DIR / "Qwen3-32B.json").params()
+    assert expert == 0 and round(dense / 1e9, 1) == 32.8
+    dense, expert = load_model_facts(MODELS_DIR / "Qwen3-235B-A22B.json").params()
+    assert round((dense + expert) / 1e9) == 235
+    assert round((dense + expert * 8 / 128) / 1e9) == 22
+
+
+def test_unknown_model_names_the_fix():
+    r = check("actor_rollout_ref.model.path=/models/Llama-9B")
+    assert "NPU_RL_MODEL_META" in errors(r)["actor_rollout_ref.model.path"].fix
+
+
+def test_memory_estimate_warns_with_the_numbers():
+    big = [a.replace("Qwen3-32B", "Qwen3-235B-A22B") for a in BASE]
+    r = check("actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1", base=big)
+    (w,) = [p for p in r.report.warnings if p.key == "memory (training)"]
+    assert "GiB per die before activations, HBM 64 GiB" in w.message
+
+
+@pytest.mark.parametrize(
+    "recipe", sorted(p for p in (REPO_ROOT / "recipes").glob("*/*.sh") if not p.name.startswith("env_"))
+)
+def test_every_shipped_recipe_passes_its_dry_run(recipe):
+    (env_script,) = sorted(recipe.parent.glob("env_*.sh"))[:1]
+    rc, out = dry_run(recipe, env_script)
+    assert rc == 0, out
+    assert "preflight: ok" in out and "plan:" in out
+
+
+def test_python_module_entry_point_is_the_same_dry_run():
+    env = {**__import__("os").environ, "NPU_RL_TRAIN_PYTHON": sys.executable}
+    env.pop("NNODES", None)
+    r = subprocess.run(
+        [sys.executable, "-m", "npu_rl.preflight", str(TESTS / "case4_typo_in_key.sh"), str(TESTS / "env_2x16.sh")],
+        capture_output=True, text=True, timeout=300, check=False, cwd=REPO_ROOT, env=env,
+    )  # fmt: skip
+    assert r.returncode == 65 and "expert_model_parallel_size" in r.stdout + r.stderr
+
+
+def test_readme_features_table_is_generated_from_the_feature_table():
+    from npu_rl.features import features_table
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    block = readme.split("<!-- features-table:begin -->\n", 1)[1].split("\n<!-- features-table:end -->", 1)[0]
+    assert block == features_table(), "README features table is stale: python -m npu_rl.features > paste it"
