@@ -96,6 +96,8 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report) -> li
     checks.check_layout(cfg, lay, roll, model, npus_per_node, report)
     if any(f.env == "ALL_TO_ALL_RESHARD" for f in feats.on):
         checks.check_reshard_layout(lay, roll, model, report)
+    if any(f.config and f.config[0] == f"{checks.A}.recompute_old_log_prob" for f in feats.on):
+        checks.check_skip_old_log_prob(cfg, report)
     est = checks.estimate_memory(cfg, lay, roll, model)
     checks.check_memory(cfg, est, lengths, report)
     dense, expert = model.params()

@@ -171,6 +171,11 @@ def check_overrides(cli: Cli, report: Report) -> list[str]:
         # The key does not exist in the base config.
         parent_path = ".".join(parts[:depth])
         freeform = _freeform_schema(tree, parts, depth)
+        if freeform is None and _is_feature_switch(key):
+            # A feature whose patch would add this key: compose it anyway so that the feature table
+            # reports whether this release carries it and the feature's combination rules still run.
+            kept.append("++" + raw.lstrip("+"))
+            continue
         if freeform is None:
             section = parent_path or "the root"
             hint = _fix_unknown(tree, key, alternates)
