@@ -47,7 +47,10 @@ launch::load_env() {
     NPU_RL_SOURCED="$(IFS=:; echo "${sourced[*]}")"
     export NPU_RL_SOURCED
     if [[ -n "$env_script" ]]; then
-        [[ -f "$env_script" ]] || common::die "ENV_SCRIPT $env_script is not a file"
+        if [[ ! -f "$env_script" ]]; then
+            common::log "error: ENV_SCRIPT $env_script is not a file (usage: bash ray_start_npu.sh [--dry-run] TRAIN_SCRIPT [ENV_SCRIPT] [K=V ...])"
+            exit 2
+        fi
         launch::_source_loose "$env_script" || common::die "sourcing ENV_SCRIPT $env_script failed (exit $?)"
     fi
 }

@@ -282,3 +282,69 @@ def test_skip_old_log_prob_combinations_are_checked_even_before_the_feature_land
     )
     msgs = [p.message for p in on_policy.report.errors if p.key == "actor_rollout_ref.actor.recompute_old_log_prob"]
     assert len(msgs) == 1  # only "not in this release": the combination itself is valid
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.n_gpus_per_node=auto", "= 'auto'; it must be a whole number >= 1"),
+        ("data.max_response_length=1k", "= '1k'; it must be a whole number >= 1"),
+        ("actor_rollout_ref.rollout.tensor_model_parallel_size=0", "= 0; it must be a whole number >= 1"),
+        ("actor_rollout_ref.rollout.gpu_memory_utilization=high", "it must be a fraction in (0, 1]"),
+        ("data.train_batch_size=${oc.env:NPU_RL_TEST_UNSET_VAR}", "does not resolve"),
+    ],
+)
+def test_bad_values_are_findings_not_crashes(override, message):
+    r = check(override)
+    key = override.split("=", 1)[0]
+    assert message in errors(r)[key].message
+
+
+def test_model_override_config_and_borrowed_facts():
+    yarn = (
+        "+actor_rollout_ref.model.override_config.rope_scaling="
+        "{rope_type:yarn,factor:4.0,original_max_position_embeddings:32768}"
+    )
+    long = ["data.max_response_length=60000", "actor_rollout_ref.rollout.max_model_len=65536"]
+    assert "actor_rollout_ref.rollout.max_model_len" in errors(check(*long))
+    assert "actor_rollout_ref.rollout.max_model_len" not in errors(check(yarn, *long))
+    r = check("actor_rollout_ref.model.path=/models/Qwen3-32B-Instruct-2507")
+    (w,) = [p for p in r.report.warnings if p.key == "actor_rollout_ref.model.path"]
+    assert "using the shipped Qwen3-32B facts for 'Qwen3-32B-Instruct-2507'" in w.message
+
+
+def test_log_prob_token_budget_must_hold_the_longest_trajectory():
+    r = check(
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=4096",
+    )
+    e = errors(r)
+    assert "16384 tokens < the longest trajectory (prompt + response = 10240)" not in r.render()
+    assert (
+        "4096 tokens < the longest trajectory" in e["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"].message
+    )
+
+
+def test_plain_dicts_take_plus_keys_with_a_warning_and_mindspeed_keys_are_not_judged_by_megatron():
+    r = check("+ray_kwargs.ray_init.runtime_env.env_vars.HCCL_BUFFSIZE=512")
+    assert r.ok and any(w.key.startswith("ray_kwargs.ray_init.runtime_env") for w in r.report.warnings)
+    ms = [a.replace("megatron", "mindspeed") for a in BASE]
+    r = check("+actor_rollout_ref.actor.mindspeed.override_transformer_config.use_fused_rmsnorm=true", base=ms)
+    assert r.ok, r.render()
+
+
+def test_launcher_flags_anywhere_and_usage_errors():
+    rc, out = dry_run(TESTS / "case4_typo_in_key.sh", TESTS / "env_2x16.sh", "--dry-run")
+    assert rc == 65 and "expert_model_parallel_size" in out
+    rc, out = dry_run(TESTS / "case4_typo_in_key.sh", TESTS / "no_such_env.sh")
+    assert rc == 2 and "ENV_SCRIPT" in out and "is not a file" in out
+    rc, out = dry_run(TESTS / "case4_typo_in_key.sh", "--bogus")
+    assert rc == 2 and "unknown option --bogus" in out
+
+
+def test_recipes_that_skip_run_verl_or_drop_overrides_are_refused():
+    rc, out = dry_run(TESTS / "no_run_verl.sh")
+    assert rc == 65 and "without reaching run_verl: nothing was checked" in out
+    rc, out = dry_run(TESTS / "drops_overrides.sh", TESTS / "env_2x16.sh", "data.train_batch_size=128")
+    assert rc == 65 and "the recipe dropped the overrides given to the launcher: data.train_batch_size=128" in out

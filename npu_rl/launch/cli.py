@@ -14,12 +14,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from npu_rl import REPO_ROOT
-from npu_rl.errors import LaunchError, NodesMissing, NpuRlError
+from npu_rl.errors import LaunchError, NodesMissing, NpuRlError, TopologyError
 from npu_rl.launch import cluster
 from npu_rl.launch.environ import derived_env, ray_auth, shown_env, sourced_files
 from npu_rl.launch.topology import Topology, resolve_topology
@@ -118,7 +119,12 @@ class Launcher:
     def resolve(self, dry_run: bool = False) -> Topology:
         topo = resolve_topology(self.env, dry_run=dry_run)
         self.env.update(derived_env(topo, self.env))
-        auth, notes = ray_auth(self.env, topo)
+        try:
+            auth, notes = ray_auth(self.env, topo)
+        except TopologyError as e:
+            if not dry_run:
+                raise
+            auth, notes = {}, [f"the real run would stop here: {e}"]  # a laptop has no cluster token
         self.env.update(auth)
         self.env.setdefault("NPU_RL_TRAIN_PYTHON", sys.executable)
         self.env["NPU_RL_RECIPE"] = str(self.train)
@@ -172,9 +178,29 @@ class Launcher:
                 log.close()
 
     def plan(self, log_path: Path | None) -> int:
-        """Run the recipe in plan mode: ``run_verl`` runs the preflight instead of training."""
-        env = {**self.env, "NPU_RL_MODE": "plan"}
-        return self._tee(["bash", str(self.train), *self.overrides], env, log_path)
+        """Run the recipe in plan mode: ``run_verl`` runs the preflight instead of training.
+
+        The preflight leaves a mark; a recipe that exits 0 without reaching ``run_verl`` checked
+        nothing and is refused. ``RAY_ADDRESS`` points nowhere, so a recipe that calls ``main_ppo``
+        directly fails at once instead of starting a local Ray cluster.
+        """
+        with tempfile.TemporaryDirectory(prefix="npu-rl-plan-") as tmp:
+            mark = Path(tmp) / "preflight-ran"
+            env = {
+                **self.env,
+                "NPU_RL_MODE": "plan",
+                "NPU_RL_PLAN_MARK": str(mark),
+                "NPU_RL_CLI_OVERRIDES": "\n".join(self.overrides),
+                "RAY_ADDRESS": "plan-mode-starts-no-ray:1",
+            }
+            rc = self._tee(["bash", str(self.train), *self.overrides], env, log_path)
+            if rc == 0 and not mark.exists():
+                self.log(
+                    f"{self.train.name} exited 0 in plan mode without reaching run_verl: nothing was checked. "
+                    'A recipe sources internal/verl.sh and ends with run_verl "${ARGS[@]}" "$@"'
+                )
+                return 65
+            return rc
 
     def ray_exe(self) -> str:
         local = Path(sys.executable).with_name("ray")
@@ -353,7 +379,14 @@ def main(argv: list[str] | None = None) -> int:
             return e.exit_code
         return 0
 
-    args = build_parser().parse_args(argv)
+    # Flags may come anywhere (users append --dry-run last); everything else after TRAIN_SCRIPT is
+    # the ENV_SCRIPT and Hydra overrides, which never start with "-".
+    flags = [a for a in argv if a in ("--dry-run", "--no-preflight", "-h", "--help")]
+    unknown = [a for a in argv if a.startswith("-") and a not in flags]
+    if unknown:
+        err(f"unknown option {unknown[0]} (options: --dry-run, --no-preflight, --help)")
+        return 2
+    args = build_parser().parse_args(flags + [a for a in argv if a not in flags])
     rest = list(args.rest)
     env_script = Path(rest.pop(0)) if rest and "=" not in rest[0] else None
     for script in (args.train_script, env_script):

@@ -112,6 +112,8 @@ def shown_env(env: Mapping[str, str]) -> list[tuple[str, str]]:
     """(key, value) pairs of the summary, sorted, with secrets replaced by ``<set, hidden>``."""
     rows = []
     for key in sorted(env):
+        if not env[key]:
+            continue
         if key.startswith(SHOWN_PREFIXES) or is_secret(key) and key.startswith(("RAY_", "NPU_RL_")):
             rows.append((key, "<set, hidden>" if is_secret(key) else env[key]))
     return rows

@@ -14,11 +14,12 @@ import io
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from npu_rl.features import feature_state
 from npu_rl.preflight import checks
 from npu_rl.preflight.compose import Cli, check_overrides, compose_config, split_cli
-from npu_rl.preflight.model import ModelFacts, find_model_config, load_model_facts, shipped_models
+from npu_rl.preflight.model import MODELS_DIR, ModelFacts, find_model_config, shipped_models
 from npu_rl.preflight.report import Report
 from npu_rl.table import format_table
 
@@ -72,14 +73,17 @@ def run_preflight(args: list[str], env: Mapping[str, str]) -> Result:
 
 def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report) -> list[tuple[str, str]]:
     sel = checks.sel
+    if not checks.check_values(cfg, report):
+        return [("checks", "stopped: fix the values above first (every other check does arithmetic on them)")]
     model_path = str(sel(cfg, "actor_rollout_ref.model.path", ""))
-    model = _model_facts(model_path, env, report)
+    override = sel(cfg, "actor_rollout_ref.model.override_config", {}) or {}
+    model = _model_facts(model_path, env, report, _plain(override))
     world = checks.check_resources(cfg, env, report)
     lay = checks.train_layout(cfg, world)
     roll = checks.rollout_layout(cfg)
     npus_per_node = int(env.get("NPUS_PER_NODE") or sel(cfg, "trainer.n_gpus_per_node", 8))
     checks.check_batches(cfg, lay, report)
-    _verl_validate(cfg, report)
+    _verl_validate(cfg, report, cli.injected)
     feats = feature_state(env, lambda k: sel(cfg, k))
     for key, msg, fix in feats.errors:
         report.error(key, msg, fix)
@@ -124,12 +128,14 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report) -> li
         (
             "batch",
             f"{tbs} prompts x n {n} = {int(tbs) * int(n)} trajectories/step; mini-batch {mini} prompts "
-            f"({int(mini) * int(n) // max(lay.dp, 1)} per DP rank)",
+            f"({int(mini) * int(n) / max(lay.dp, 1):g} trajectories per DP rank)",
         ),
         (
             "lengths",
-            f"prompt {lengths['prompt']} + response {lengths['response']} <= max_model_len "
-            f"{lengths['max_model_len']} <= max_position_embeddings {lengths['max_position_embeddings']}",
+            f"prompt {lengths['prompt']} + response {lengths['response']} "
+            f"{_cmp(lengths['prompt'] + lengths['response'], lengths['max_model_len'])} max_model_len "
+            f"{lengths['max_model_len']} {_cmp(lengths['max_model_len'], lengths['max_position_embeddings'])} "
+            f"max_position_embeddings {lengths['max_position_embeddings']}",
         ),
         (
             "memory/die",
@@ -142,27 +148,62 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report) -> li
     return plan
 
 
-def _model_facts(model_path: str, env: Mapping[str, str], report: Report) -> ModelFacts | None:
+def _cmp(a: int, b: int) -> str:
+    return "<=" if a <= b else ">"
+
+
+def _plain(node) -> dict:
+    from omegaconf import DictConfig, OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+
+
+def _model_facts(model_path: str, env: Mapping[str, str], report: Report, override: dict) -> ModelFacts | None:
+    """Facts from the model's config.json (or shipped metadata), with ``model.override_config`` applied
+    (verl applies it to the HF config, e.g. YaRN ``rope_scaling`` or ``max_position_embeddings``)."""
     key = "actor_rollout_ref.model.path"
     path = find_model_config(model_path, dict(env))
     if path is None:
         report.error(
             key,
-            f"{model_path!r} has no config.json here and matches no shipped metadata ({', '.join(shipped_models())})",
+            f"{model_path!r} has no config.json here and matches no shipped metadata ({', '.join(shipped_models())}); "
+            "the layout, length and memory checks need it and were skipped",
             "download the model's config.json to that path, or set NPU_RL_MODEL_META=<shipped name or config path>",
         )
         return None
+    base = Path(model_path.rstrip("/")).name
+    if path.parent == MODELS_DIR and not env.get("NPU_RL_MODEL_META") and base.lower() != path.stem.lower():
+        report.warn(
+            key,
+            f"no config.json at {model_path}; using the shipped {path.stem} facts for '{base}'",
+            "if it is another variant (e.g. a *-2507 model with a longer context), point NPU_RL_MODEL_META at its "
+            "config.json",
+        )
     try:
-        return load_model_facts(path)
+        import json
+
+        cfg = {**json.loads(path.read_text()), **override}
+        return ModelFacts.from_config(cfg, str(path) + (" + model.override_config" if override else ""))
     except (OSError, ValueError, KeyError) as e:
         report.error(key, f"cannot read model facts from {path}: {e!r}", "point NPU_RL_MODEL_META at a config.json")
         return None
 
 
-def _verl_validate(cfg, report: Report) -> None:
-    """verl's own ``validate_config`` (what ``main_ppo`` runs first), its output captured."""
+def _verl_validate(cfg, report: Report, injected: list[str]) -> None:
+    """verl's own ``validate_config`` (what ``main_ppo`` runs first), its output captured; keys of
+    features this verl does not have yet are removed first (its dataclasses would reject them)."""
+    from omegaconf import OmegaConf, open_dict
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
+
+    if injected:
+        cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+        with open_dict(cfg):
+            for key in injected:
+                parent, _, leaf = key.rpartition(".")
+                node = OmegaConf.select(cfg, parent) if parent else cfg
+                if node is not None and leaf in node:
+                    del node[leaf]
 
     buf = io.StringIO()
     try:

@@ -17,6 +17,18 @@ def main(argv: list[str] | None = None) -> int:
         a = p.parse_args(argv[1:])
         args = a.args[1:] if a.args[:1] == ["--"] else a.args
         result = run_preflight(args, os.environ)
+        cli = [o for o in os.environ.get("NPU_RL_CLI_OVERRIDES", "").split("\n") if o]
+        dropped = [o for o in cli if o not in args]
+        if dropped:
+            result.report.error(
+                "command line",
+                f"the recipe dropped the overrides given to the launcher: {' '.join(dropped)}",
+                'end the recipe with run_verl "${ARGS[@]}" "$@" so that command-line overrides reach verl',
+            )
+        mark = os.environ.get("NPU_RL_PLAN_MARK")
+        if mark:
+            with open(mark, "w") as f:
+                f.write("ok\n")
         print(f"preflight of {a.recipe or 'the command line'}")
         print(result.render(), flush=True)
         return 0 if result.ok else 65
@@ -25,10 +37,10 @@ def main(argv: list[str] | None = None) -> int:
         description="Check a recipe without starting anything: the same as `bash ray_start_npu.sh --dry-run`.",
     )
     p.add_argument("recipe")
-    p.add_argument("env", nargs="?")
+    p.add_argument("rest", nargs=argparse.REMAINDER, metavar="[ENV] [K=V ...]")
     a = p.parse_args(argv)
     launcher = str(REPO_ROOT / "ray_start_npu.sh")
-    os.execvp("bash", ["bash", launcher, "--dry-run", a.recipe, *([a.env] if a.env else [])])
+    os.execvp("bash", ["bash", launcher, "--dry-run", a.recipe, *a.rest])
     return 127  # not reached
 
 

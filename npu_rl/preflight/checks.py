@@ -18,6 +18,55 @@ A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"
 
 
+def check_values(cfg, report: Report) -> bool:
+    """Every number the other checks use must resolve and be in range; False (with errors) otherwise.
+
+    Runs first so that ``trainer.n_gpus_per_node=auto`` or an unset ``${oc.env:...}`` becomes one
+    finding naming the key instead of a crash in the arithmetic.
+    """
+    from omegaconf import OmegaConf
+
+    strategy = str(sel(cfg, f"{A}.strategy", "fsdp"))
+    eng = f"{A}.{strategy}" if strategy in ("megatron", "mindspeed") else None
+    positive = [
+        "data.train_batch_size", "data.max_prompt_length", "data.max_response_length", "trainer.nnodes",
+        "trainer.n_gpus_per_node", f"{R}.n", f"{A}.ppo_mini_batch_size", f"{A}.ppo_epochs",
+        f"{R}.tensor_model_parallel_size", f"{R}.data_parallel_size", f"{R}.pipeline_model_parallel_size",
+        f"{R}.expert_parallel_size", f"{R}.max_model_len", f"{R}.max_num_batched_tokens", f"{R}.max_num_seqs",
+        f"{A}.ppo_micro_batch_size_per_gpu", f"{A}.ppo_max_token_len_per_gpu", f"{A}.ulysses_sequence_parallel_size",
+    ]  # fmt: skip
+    if eng:
+        positive += [
+            f"{eng}.{k}_parallel_size"
+            for k in (
+                "tensor_model",
+                "pipeline_model",
+                "context",
+                "expert_model",
+                "expert_tensor",
+                "virtual_pipeline_model",
+            )
+        ]
+    ok = True
+    for key in positive:
+        try:
+            value = OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=True)
+        except Exception as e:  # noqa: BLE001 - OmegaConf's resolver errors vary
+            report.error(key, f"does not resolve: {e}", "set it to a number (check the ${...} interpolation)")
+            ok = False
+            continue
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            report.error(key, f"= {value!r}; it must be a whole number >= 1", f"set {key} to a positive integer")
+            ok = False
+    util = sel(cfg, f"{R}.gpu_memory_utilization", 0.5)
+    if isinstance(util, bool) or not isinstance(util, int | float) or not 0 < util <= 1:
+        report.error(f"{R}.gpu_memory_utilization", f"= {util!r}; it must be a fraction in (0, 1]", "e.g. 0.85")
+        ok = False
+    return ok
+
+
 def sel(cfg, key: str, default=None):
     """``cfg[key]`` for a dotted key with interpolations resolved; ``default`` when absent or unresolvable."""
     from omegaconf import OmegaConf
@@ -133,20 +182,23 @@ def check_batches(cfg, lay: TrainLayout, report: Report) -> None:
             f"{A}.ppo_mini_batch_size",
             f"ppo_mini_batch_size ({mini}) x rollout.n ({n}) = {traj} trajectories per mini-batch do not split "
             f"evenly over actor DP {lay.dp} ({how})" + (": each DP rank would get 0" if traj < lay.dp else ""),
-            f"make ppo_mini_batch_size x n a multiple of {lay.dp} "
-            f"(e.g. ppo_mini_batch_size={_next_multiple_div(mini, n, lay.dp)}), or change TP/PP/CP",
+            f"make ppo_mini_batch_size x n a multiple of {lay.dp}{_example_mini(tbs, n, lay.dp)}, or change TP/PP/CP",
         )
         return
     per_die = traj // lay.dp
     if bool(sel(cfg, f"{A}.use_dynamic_bsz", False)):
-        max_tok = int(sel(cfg, f"{A}.ppo_max_token_len_per_gpu", 0))
         longest = int(sel(cfg, "data.max_prompt_length", 0)) + int(sel(cfg, "data.max_response_length", 0))
-        if max_tok and max_tok < longest:
-            report.error(
-                f"{A}.ppo_max_token_len_per_gpu",
-                f"{max_tok} tokens < the longest trajectory (prompt + response = {longest}): it fits no micro-batch",
-                f"set ppo_max_token_len_per_gpu >= {longest}",
-            )
+        keys = [f"{A}.ppo_max_token_len_per_gpu", f"{R}.log_prob_max_token_len_per_gpu"]
+        if bool(sel(cfg, f"{A}.use_kl_loss", False)) or bool(sel(cfg, "algorithm.use_kl_in_reward", False)):
+            keys.append("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu")
+        for key in keys:  # verl seqlen_balancing: max_token_len must hold the longest sequence
+            max_tok = int(sel(cfg, key, 0) or 0)
+            if max_tok and max_tok < longest:
+                report.error(
+                    key,
+                    f"{max_tok} tokens < the longest trajectory (prompt + response = {longest}): fits no micro-batch",
+                    f"set {key} >= {longest}",
+                )
         return
     micro = sel(cfg, f"{A}.ppo_micro_batch_size_per_gpu")
     if micro is None:
@@ -163,11 +215,12 @@ def check_batches(cfg, lay: TrainLayout, report: Report) -> None:
         )
 
 
-def _next_multiple_div(mini: int, n: int, dp: int) -> int:
-    m = mini
-    while (m * n) % dp:
-        m += 1
-    return m
+def _example_mini(tbs: int, n: int, dp: int) -> str:
+    """ " (e.g. ppo_mini_batch_size=M)" for the smallest divisor M of ``tbs`` with M x n a multiple of ``dp``."""
+    for m in range(1, tbs + 1):
+        if tbs % m == 0 and (m * n) % dp == 0:
+            return f" (e.g. ppo_mini_batch_size={m})"
+    return ""
 
 
 def check_layout(cfg, lay: TrainLayout, roll: RolloutLayout, model: ModelFacts, npus_per_node: int, report: Report):
@@ -408,7 +461,14 @@ def check_memory(cfg, est: MemoryEstimate, lengths: Mapping[str, int], report: R
             "state stays on the die (not offloaded)",
             "offload params/grads/optimizer during rollout, or lower gpu_memory_utilization",
         )
-    if est.kv_budget <= 0 or est.kv_tokens < lengths["max_model_len"]:
+    if est.kv_budget <= 0:
+        report.error(
+            f"{R}.gpu_memory_utilization",
+            f"vLLM's share {util} x {hbm} GiB cannot hold its weights ({est.rollout_weights:.1f} GiB per die): "
+            "no KV cache is left and vLLM will refuse to start",
+            "raise rollout TP (or EP for MoE) or gpu_memory_utilization",
+        )
+    elif est.kv_tokens < lengths["max_model_len"]:
         report.warn(
             f"{R}.gpu_memory_utilization",
             f"KV budget {est.kv_budget:.1f} GiB per die (= {util} x {hbm} - weights {est.rollout_weights:.1f}) holds "

@@ -9,7 +9,7 @@ dicts are checked against the schema of the library that reads them (vLLM, megat
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ class Cli:
     config_name: str
     config_dir: Path
     overrides: list[str]
+    injected: list[str] = field(default_factory=list)  # feature keys this verl lacks, composed anyway
 
 
 def split_cli(args: list[str]) -> Cli:
@@ -135,7 +136,10 @@ def check_overrides(cli: Cli, report: Report) -> list[str]:
         try:
             parsed.append((raw, parser.parse_override(raw)))
         except Exception as e:  # noqa: BLE001 - Hydra's grammar errors are many types
-            report.error(raw, f"not a valid Hydra override: {e}", "write key=value (quote values with spaces)")
+            hint = "write key=value (quote values with spaces)"
+            if "=" not in raw and raw.endswith(".sh"):
+                hint = "an ENV_SCRIPT goes right after TRAIN_SCRIPT, before any override"
+            report.error(raw, f"not a valid Hydra override: {e}", hint)
     groups = [raw for raw, o in parsed if _is_group(o.key_or_group, cli.config_dir)]
     try:
         with initialize_config_dir(config_dir=str(cli.config_dir), version_base=None):
@@ -170,11 +174,12 @@ def check_overrides(cli: Cli, report: Report) -> list[str]:
             continue
         # The key does not exist in the base config.
         parent_path = ".".join(parts[:depth])
-        freeform = _freeform_schema(tree, parts, depth)
+        freeform = _freeform_schema(tree, parts, depth, add=o.is_add() or o.is_force_add())
         if freeform is None and _is_feature_switch(key):
             # A feature whose patch would add this key: compose it anyway so that the feature table
             # reports whether this release carries it and the feature's combination rules still run.
             kept.append("++" + raw.lstrip("+"))
+            cli.injected.append(key)
             continue
         if freeform is None:
             section = parent_path or "the root"
@@ -182,6 +187,8 @@ def check_overrides(cli: Cli, report: Report) -> list[str]:
             report.error(key, f"no such key in verl's config (under {section})", hint)
             continue
         schema, below = freeform
+        if schema == "plain":
+            report.warn(key, f"adds a key {parent_path} does not define; nothing checks it", "check the spelling")
         if not (o.is_add() or o.is_force_add()):
             report.error(
                 key,
@@ -243,7 +250,7 @@ class _Alternates:
         return None
 
 
-def _freeform_schema(tree: dict, parts: list[str], depth: int) -> tuple[str, list[str]] | None:
+def _freeform_schema(tree: dict, parts: list[str], depth: int, add: bool = False) -> tuple[str, list[str]] | None:
     """(schema, components below the free-form dict) if the key lies under a free-form dict, else None.
 
     A dict is free-form when the config gives it no fields (``{}``) or it is a known free-form section;
@@ -253,11 +260,15 @@ def _freeform_schema(tree: dict, parts: list[str], depth: int) -> tuple[str, lis
         _, node = _walk(tree, parts[:i])
         name = parts[i - 1]
         if name in FREEFORM_SCHEMAS:
-            return FREEFORM_SCHEMAS[name], parts[i:]
+            # MindSpeed extends megatron-core's TransformerConfig with its own fields: not checkable here.
+            schema = "any" if name == "override_transformer_config" and "mindspeed" in parts[:i] else None
+            return schema or FREEFORM_SCHEMAS[name], parts[i:]
         if isinstance(node, dict) and "_target_" in node:
             return None
-        if isinstance(node, dict) and not node and i == depth:
-            return "any", parts[i:]
+        if isinstance(node, dict) and i == depth and (not node or add):
+            # {} is free-form; a plain dict without a dataclass (ray_kwargs.ray_init, ...) accepts
+            # keys added with '+', which verl passes on unchecked.
+            return ("any" if not node else "plain"), parts[i:]
     return None
 
 

@@ -86,11 +86,15 @@ def vllm_speculative() -> tuple[frozenset[str], frozenset[str]] | None:
 @cache
 def megatron_transformer_fields() -> frozenset[str] | None:
     """Field names of megatron-core's ``TransformerConfig`` (with its ``ModelParallelConfig`` base)."""
+    import warnings
+
     try:
-        from megatron.core.transformer.transformer_config import TransformerConfig
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed": expected on CPU
+            from megatron.core.transformer.transformer_config import TransformerConfig
     except Exception:  # noqa: BLE001 - any import failure means "cannot check", reported by the caller
         return None
-    return frozenset(f.name for f in dataclasses.fields(TransformerConfig))
+    return frozenset(f.name for f in dataclasses.fields(TransformerConfig) if not f.name.startswith("_"))
 
 
 def check_freeform(section: str, rest: list[str], value: object) -> tuple[str, str, list[str]] | None:

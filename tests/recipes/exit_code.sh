@@ -2,7 +2,9 @@
 # Integration: prints a line and exits with $TRAIN_EXIT (plan mode: the preflight stand-in passes).
 set -euo pipefail
 if [[ "${NPU_RL_MODE:-run}" == plan ]]; then
+    # Stands in for run_verl's preflight (this recipe has no verl config): it leaves the same mark.
     echo "plan mode: nothing to check"
+    echo ok >"$NPU_RL_PLAN_MARK"
     exit 0
 fi
 echo "training on ${RAY_ADDRESS:-?} with ${NNODES:-?} x ${NPUS_PER_NODE:-?} NPU"
