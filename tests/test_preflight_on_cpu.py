@@ -236,14 +236,28 @@ def test_memory_estimate_warns_with_the_numbers():
     assert "GiB per die before activations, HBM 64 GiB" in w.message
 
 
-@pytest.mark.parametrize(
-    "recipe", sorted(p for p in (REPO_ROOT / "recipes").glob("*/*.sh") if not p.name.startswith("env_"))
-)
-def test_every_shipped_recipe_passes_its_dry_run(recipe):
-    (env_script,) = sorted(recipe.parent.glob("env_*.sh"))[:1]
-    rc, out = dry_run(recipe, env_script)
-    assert rc == 0, out
-    assert "preflight: ok" in out and "plan:" in out
+@pytest.fixture(scope="module")
+def shipped_recipe_plans():
+    from npu_rl.recipes import discover
+    from npu_rl.recipes import dry_run as recipe_dry_run
+
+    return [(recipe, env, *recipe_dry_run(recipe, env)) for recipe, env in discover()]
+
+
+def test_every_shipped_recipe_passes_its_dry_run(shipped_recipe_plans):
+    assert len(shipped_recipe_plans) >= 7
+    for recipe, _env, rc, out, facts in shipped_recipe_plans:
+        assert rc == 0, f"{recipe}:\n{out}"
+        assert "preflight: ok" in out and "plan:" in out and facts["ok"]
+
+
+def test_readme_recipe_table_is_generated_from_the_recipes(shipped_recipe_plans):
+    from npu_rl.recipes import recipes_table
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    block = readme.split("<!-- recipes-table:begin -->\n", 1)[1].split("\n<!-- recipes-table:end -->", 1)[0]
+    expected = recipes_table([(r, e, f) for r, e, _rc, _out, f in shipped_recipe_plans])
+    assert block == expected, "README recipe table is stale: python -m npu_rl.recipes > paste it between the markers"
 
 
 def test_python_module_entry_point_is_the_same_dry_run():

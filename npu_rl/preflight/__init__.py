@@ -30,6 +30,7 @@ class Result:
 
     report: Report
     plan: list[tuple[str, str]] = field(default_factory=list)
+    facts: dict = field(default_factory=dict)  # machine-readable summary (the README's recipe table)
 
     @property
     def ok(self) -> bool:
@@ -68,10 +69,12 @@ def run_preflight(args: list[str], env: Mapping[str, str]) -> Result:
     except Exception as e:  # noqa: BLE001 - any Hydra/OmegaConf failure is a finding
         report.error("composition", f"verl's config did not compose: {e}")
         return Result(report)
-    return Result(report, _check_composed(cli, cfg, env, report))
+    facts: dict = {}
+    plan = _check_composed(cli, cfg, env, report, facts)
+    return Result(report, plan, facts)
 
 
-def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report) -> list[tuple[str, str]]:
+def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts: dict) -> list[tuple[str, str]]:
     sel = checks.sel
     if not checks.check_values(cfg, report):
         return [("checks", "stopped: fix the values above first (every other check does arithmetic on them)")]
@@ -106,6 +109,23 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report) -> li
     checks.check_memory(cfg, est, lengths, report)
     dense, expert = model.params()
     tbs, n = sel(cfg, "data.train_batch_size"), sel(cfg, "actor_rollout_ref.rollout.n")
+    dapo = sel(cfg, "reward.reward_manager.name") == "dapo" or bool(sel(cfg, "algorithm.filter_groups.enable", False))
+    facts.update(
+        model=Path(model_path.rstrip("/")).name,
+        algorithm="DAPO" if dapo else str(sel(cfg, "algorithm.adv_estimator")).upper(),
+        nodes=int(sel(cfg, "trainer.nnodes")),
+        dies_per_node=int(sel(cfg, "trainer.n_gpus_per_node")),
+        prompt=lengths["prompt"],
+        response=lengths["response"],
+        gbs=int(tbs),
+        n=int(n),
+        train=f"{lay.engine} TP{lay.tp} PP{lay.pp} EP{lay.ep} DP{lay.dp}"
+        if lay.engine in ("megatron", "mindspeed")
+        else f"{lay.engine} DP{lay.dp}",
+        rollout=f"vLLM TP{roll.tp} DP{roll.dp}"
+        + (f" EP{roll.ep}" if roll.ep > 1 else "")
+        + f" x{world // roll.replica}",
+    )
     mini = sel(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size")
     plan += [
         (

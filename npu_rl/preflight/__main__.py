@@ -1,6 +1,7 @@
 """``python -m npu_rl.preflight RECIPE [ENV]`` (a dry run through the launcher) or ``check -- OVERRIDES``."""
 
 import argparse
+import json
 import os
 import sys
 
@@ -25,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"the recipe dropped the overrides given to the launcher: {' '.join(dropped)}",
                 'end the recipe with run_verl "${ARGS[@]}" "$@" so that command-line overrides reach verl',
             )
+        facts_path = os.environ.get("NPU_RL_PLAN_JSON")
+        if facts_path:
+            with open(facts_path, "w") as f:
+                json.dump({"recipe": a.recipe, "ok": result.ok, **result.facts}, f)
         mark = os.environ.get("NPU_RL_PLAN_MARK")
         if mark:
             with open(mark, "w") as f:

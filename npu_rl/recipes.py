@@ -1,0 +1,76 @@
+"""The shipped recipes: find them, dry-run each, and render the README's recipe table from the plans.
+
+``python -m npu_rl.recipes`` prints the table; a test compares it with README.md, so the table is
+always what the recipes really compose to (it is built from the preflight's plan, not from parsing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from npu_rl import REPO_ROOT
+
+RECIPES_DIR = REPO_ROOT / "recipes"
+
+
+def discover(root: Path = RECIPES_DIR) -> list[tuple[Path, Path | None]]:
+    """(train script, its env script) for every recipe: ``recipes/<model>/*.sh`` except ``env_*.sh``;
+    the env script is the first ``env_*.sh`` of the same folder."""
+    pairs = []
+    for recipe in sorted(root.glob("*/*.sh")):
+        if recipe.name.startswith("env_"):
+            continue
+        envs = sorted(recipe.parent.glob("env_*.sh"))
+        pairs.append((recipe, envs[0] if envs else None))
+    return pairs
+
+
+def dry_run(recipe: Path, env_script: Path | None, python: str = sys.executable) -> tuple[int, str, dict]:
+    """``ray_start_npu.sh --dry-run`` of one recipe: (exit code, output, the preflight's facts)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        facts_path = Path(tmp) / "facts.json"
+        env = {k: v for k, v in os.environ.items() if k not in ("NNODES", "NPUS_PER_NODE", "MASTER_ADDR")}
+        env.update(NPU_RL_TRAIN_PYTHON=python, NPU_RL_PLAN_JSON=str(facts_path))
+        cmd = ["bash", str(REPO_ROOT / "ray_start_npu.sh"), "--dry-run", str(recipe)]
+        cmd += [str(env_script)] if env_script else []
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+        facts = json.loads(facts_path.read_text()) if facts_path.exists() else {}
+    return r.returncode, r.stdout + r.stderr, facts
+
+
+def recipes_table(rows: list[tuple[Path, Path | None, dict]]) -> str:
+    """Markdown table: recipe, env, model, algorithm, nodes x dies, prompt/response, GBS, n, layouts."""
+    out = [
+        "| recipe | env | model | algorithm | nodes × dies | prompt / response | GBS | n | train layout | rollout |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for recipe, env, f in rows:
+        rel = recipe.relative_to(REPO_ROOT)
+        out.append(
+            f"| `{rel}` | `{env.name if env else '-'}` | {f['model']} | {f['algorithm']} | "
+            f"{f['nodes']} × {f['dies_per_node']} | {f['prompt']} / {f['response']} | {f['gbs']} | {f['n']} | "
+            f"{f['train']} | {f['rollout']} |"
+        )
+    return "\n".join(out)
+
+
+def main() -> int:
+    rows = []
+    for recipe, env in discover():
+        rc, out, facts = dry_run(recipe, env)
+        if rc != 0 or not facts:
+            print(out, file=sys.stderr)
+            print(f"{recipe}: the dry run failed (exit {rc})", file=sys.stderr)
+            return 1
+        rows.append((recipe, env, facts))
+    print(recipes_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

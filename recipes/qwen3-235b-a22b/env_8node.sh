@@ -1,0 +1,10 @@
+# shellcheck shell=bash
+# Qwen3-235B-A22B on 8 Atlas A3 nodes (8 x 16 dies = 64 cards). Sourced by ray_start_npu.sh on every node.
+# Set MASTER_ADDR (the head's address) and, if the interface name differs per node, SOCKET_IFNAME.
+export NNODES="${NNODES:-8}"
+export NPUS_PER_NODE="${NPUS_PER_NODE:-16}"
+# export MASTER_ADDR=10.0.0.1        # the head node, same value on every node
+# export SOCKET_IFNAME=enp189s0f0    # default: the interface that routes to MASTER_ADDR
+# export RAY_AUTH_TOKEN_PATH=~/.ray/auth_token   # a mode-600 copy of the head's token on each worker
+export MODEL_PATH="${MODEL_PATH:-$HOME/models/Qwen3-235B-A22B}"
+export DATA_DIR="${DATA_DIR:-$HOME/data}"

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Qwen3-8B (dense) GRPO on GSM8K, 1K prompts / 4K responses, 1 node (A3: 16 dies).
+#   bash ray_start_npu.sh recipes/qwen3-8b/grpo_gsm8k.sh recipes/qwen3-8b/env_1node.sh
+# Training: FSDP over every die. Rollout: vLLM TP 2 (4 KV heads per die), one replica per 2 dies.
+set -euo pipefail
+# shellcheck source=internal/verl.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../internal/verl.sh"
+
+NPUS_PER_NODE="${NPUS_PER_NODE:-16}"
+MODEL_PATH="${MODEL_PATH:-$HOME/models/Qwen3-8B}"
+DATA_DIR="${DATA_DIR:-$HOME/data}"
+
+DATA=(
+    data.train_files="$DATA_DIR/gsm8k/train.parquet"
+    data.val_files="$DATA_DIR/gsm8k/test.parquet"
+    data.train_batch_size=128
+    data.max_prompt_length=1024
+    data.max_response_length=4096
+)
+MODEL=(
+    actor_rollout_ref.model.path="$MODEL_PATH"
+    actor_rollout_ref.model.use_remove_padding=True
+    actor_rollout_ref.model.enable_gradient_checkpointing=True
+    actor_rollout_ref.actor.fsdp_config.param_offload=True
+    actor_rollout_ref.actor.fsdp_config.optimizer_offload=True
+)
+ALGORITHM=(
+    algorithm.adv_estimator=grpo
+    actor_rollout_ref.actor.use_kl_loss=False
+    actor_rollout_ref.actor.optim.lr=1e-6
+    actor_rollout_ref.actor.ppo_mini_batch_size=32
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8
+)
+ROLLOUT=(
+    actor_rollout_ref.rollout.name=vllm
+    actor_rollout_ref.rollout.n=8
+    actor_rollout_ref.rollout.tensor_model_parallel_size=2
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.7
+    actor_rollout_ref.rollout.max_num_batched_tokens=8192
+    actor_rollout_ref.rollout.enable_prefix_caching=True
+    actor_rollout_ref.rollout.load_format=auto
+)
+# Features of this project (each rejected until its release carries it; README "Features"):
+#   data.sampler.class_name=LengthAwareEpochSampler   ROLLOUT_REBALANCE_ENABLE=1
+FEATURES=()
+TRAINER=(
+    trainer.device=npu
+    trainer.nnodes=1
+    trainer.n_gpus_per_node="$NPUS_PER_NODE"
+    trainer.project_name=npu-rl-qwen3-8b
+    trainer.experiment_name=grpo-gsm8k
+    'trainer.logger=["console"]'
+    trainer.total_epochs=2
+    trainer.save_freq=-1
+    trainer.test_freq=20
+)
+
+run_verl "${DATA[@]}" "${MODEL[@]}" "${ALGORITHM[@]}" "${ROLLOUT[@]}" "${FEATURES[@]}" "${TRAINER[@]}" "$@"
