@@ -1,0 +1,292 @@
+"""Turn math/reasoning datasets into the parquet layout verl 0.9.0's ``RLHFDataset`` reads.
+
+Each row: ``data_source`` (chooses verl's reward function, ``verl/utils/reward_score/__init__.py``
+``default_compute_score``), ``prompt`` (chat messages; verl applies the tokenizer's chat template),
+``ability``, ``reward_model = {style: rule, ground_truth}``, ``extra_info = {index, split, dataset,
+question}`` with ``index`` unique per row (the stable key the length-aware resampler needs).
+
+The prompt's instruction and the reward function must agree, so each dataset has one of three
+styles: GSM8K's ``#### answer`` (verl ``gsm8k`` scorer), ``\\boxed{}`` (verl ``math_reward`` via the
+MATH data sources), and DAPO's ``Answer: ...`` last line (verl ``math_dapo``, which also reports the
+``acc`` that DAPO's dynamic sampling filters on).
+
+Inputs: local files (jsonl, json list, parquet; the field names of the common releases are
+recognised), or online through the Hugging Face ``datasets`` library or ModelScope's ``MsDataset``
+(both honour their own mirror settings, e.g. ``HF_ENDPOINT``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from npu_rl.errors import NpuRlError
+
+
+class DataError(NpuRlError):
+    """An input file or dataset cannot be converted; the message names the file, row and field."""
+
+    exit_code = 1
+
+
+GSM8K = '{q} Let\'s think step by step and output the final answer after "####".'
+BOXED = "{q} Let's think step by step and output the final answer within \\boxed{{}}."
+# The DAPO paper's template (DAPO-Math-17k); verl's math_dapo scorer reads the "Answer:" line.
+DAPO = (
+    "Solve the following math problem step by step. The last line of your response should be of the "
+    "form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{q}\n\n"
+    'Remember to put your answer on its own line after "Answer:".'
+)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One dataset: the verl ``data_source`` that routes its reward, its prompt template, its hub id.
+
+    ``repo``/``config``/``split`` name it on the Hugging Face hub; ModelScope is asked for the same id
+    unless ``--repo`` gives another (ids are not verified from this project's machines).
+    """
+
+    name: str
+    data_source: str
+    template: str
+    repo: str
+    config: str | None = None
+    split: str = "train"
+
+
+SPECS = {
+    s.name: s
+    for s in (
+        Spec("gsm8k", "openai/gsm8k", GSM8K, "openai/gsm8k", "main"),
+        Spec("math500", "HuggingFaceH4/MATH-500", BOXED, "HuggingFaceH4/MATH-500", split="test"),
+        Spec("aime2024", "aime2024", DAPO, "Maxwell-Jia/AIME_2024"),
+        Spec("aime2025", "aime2025", DAPO, "yentinglin/aime_2025"),
+        Spec("dapo-math-17k", "math_dapo", DAPO, "BytedTsinghua-SIA/DAPO-Math-17k"),
+        # DeepScaleR asks for \boxed{} answers: verl's MATH scorer (a MATH data source) grades them.
+        Spec("deepscaler", "lighteval/MATH", BOXED, "agentica-org/DeepScaleR-Preview-Dataset"),
+    )
+}
+
+_QUESTION_KEYS = ("question", "problem", "Problem", "prompt", "input")
+_ANSWER_KEYS = ("ground_truth", "answer", "Answer", "expected_answer", "target")
+# Instructions the common releases already wrapped around the question, removed before ours is added.
+_KNOWN_WRAPPERS = (
+    re.compile(
+        r"^Solve the following math problem step by step\..*?\n\n(?P<q>.*)\n\nRemember to put your answer.*$", re.S
+    ),
+    re.compile(
+        r"^(?P<q>.*?)\s*Let's think step by step and output the final answer "
+        r"(within \\boxed\{\}|after \"####\")\.?\s*$",
+        re.S,
+    ),
+    re.compile(r"^(?P<q>.*?)\s*Please reason step by step, and put your final answer within \\boxed\{\}\.?\s*$", re.S),
+)
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows of a local ``.jsonl``, ``.json`` (a list, or ``{"data": [...]}``) or ``.parquet`` file.
+
+    Raises:
+        DataError: unknown extension, or a line/file that is not valid JSON (named with its line).
+    """
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pandas as pd
+
+        return pd.read_parquet(path).to_dict("records")
+    text = path.read_text(encoding="utf-8")
+    if suffix == ".jsonl":
+        rows = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{n}: not JSON ({e.msg})") from None
+        return rows
+    if suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+        return data["data"] if isinstance(data, dict) and "data" in data else list(data)
+    raise DataError(f"{path}: unsupported file type {suffix!r}; give .jsonl, .json or .parquet")
+
+
+def _question(row: dict) -> str | None:
+    for key in _QUESTION_KEYS:
+        value = row.get(key)
+        if isinstance(value, str) and value.strip():
+            return value
+        if _is_messages(value):  # verl parquet: a chat list
+            users = [m["content"] for m in value if m.get("role") == "user"]
+            if users:
+                return users[-1]
+    messages = row.get("messages")
+    if isinstance(messages, str):
+        try:
+            messages = json.loads(messages)
+        except json.JSONDecodeError:
+            messages = None
+    if _is_messages(messages):
+        users = [m["content"] for m in messages if m.get("role") == "user"]
+        return users[-1] if users else None
+    return None
+
+
+def _is_messages(value) -> bool:
+    try:
+        return len(value) > 0 and all(isinstance(m, dict) and "content" in m for m in value)
+    except TypeError:
+        return False
+
+
+def _answer(row: dict, spec: Spec) -> str | None:
+    reward = row.get("reward_model")
+    if isinstance(reward, dict) and reward.get("ground_truth") not in (None, ""):
+        return str(reward["ground_truth"])
+    for key in _ANSWER_KEYS:
+        value = row.get(key)
+        if value is None or value == "":
+            continue
+        text = str(value)
+        if spec.name == "gsm8k" and "####" in text:  # GSM8K: worked solution, then "#### 72"
+            text = text.rsplit("####", 1)[1]
+        return text.strip().replace(",", "") if spec.name == "gsm8k" else text.strip()
+    return None
+
+
+def strip_wrapper(question: str) -> str:
+    """The bare question without an instruction a release already wrapped around it."""
+    for pattern in _KNOWN_WRAPPERS:
+        m = pattern.match(question.strip())
+        if m:
+            return m.group("q").strip()
+    return question.strip()
+
+
+def convert(
+    rows: Iterable[dict], spec: Spec, split: str, source: str = "", skip_invalid: bool = False
+) -> tuple[list[dict], list[str]]:
+    """verl rows for ``rows`` (dicts in any recognised layout) and the reasons rows were skipped.
+
+    Output rows are indexed 0, 1, ... in input order (``extra_info.index``, unique).
+
+    Raises:
+        DataError: a row without a question or an answer (named by position and ``source``),
+            unless ``skip_invalid``, which drops it and lists it in the second return value.
+    """
+    out, skipped = [], []
+    for i, row in enumerate(rows):
+        q, a = _question(row), _answer(row, spec)
+        if not q or a is None:
+            missing = "question" if not q else "answer (empty or absent ground truth)"
+            msg = (
+                f"{source or spec.name} row {i}: no {missing}; looked for "
+                f"{_QUESTION_KEYS if not q else _ANSWER_KEYS}, fields: {sorted(row)}"
+            )
+            if not skip_invalid:
+                raise DataError(msg + " (--skip-invalid drops such rows and counts them)")
+            skipped.append(msg)
+            continue
+        q = strip_wrapper(q)
+        out.append(
+            {
+                "data_source": spec.data_source,
+                "prompt": [{"role": "user", "content": spec.template.format(q=q)}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": a},
+                "extra_info": {"index": len(out), "split": split, "dataset": spec.name, "question": q},
+            }
+        )
+    return out, skipped
+
+
+def write_parquet(rows: list[dict], out: Path) -> Path:
+    """Write ``rows`` to ``out`` atomically (a temporary file renamed into place)."""
+    import pandas as pd
+
+    if not rows:
+        raise DataError(f"nothing to write to {out}: the input had no rows")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        pd.DataFrame(rows).to_parquet(tmp, index=False)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def load_online(spec: Spec, hub: str, repo: str | None = None) -> list[dict]:
+    """Rows of ``spec`` from the Hugging Face hub (``datasets``) or ModelScope (``modelscope``).
+
+    Raises:
+        DataError: the library is missing (with the pip command) or the download failed.
+    """
+    repo = repo or spec.repo
+    try:
+        if hub == "hf":
+            from datasets import load_dataset
+
+            ds = load_dataset(repo, spec.config, split=spec.split)
+        else:
+            from modelscope.msdatasets import MsDataset
+
+            ds = MsDataset.load(repo, subset_name=spec.config, split=spec.split)
+    except ImportError as e:
+        lib = "datasets" if hub == "hf" else "modelscope"
+        raise DataError(f"--hub {hub} needs the {lib} library: pip install {lib} ({e})") from None
+    except Exception as e:  # noqa: BLE001 - network and hub errors vary by library
+        raise DataError(f"downloading {repo} from {hub} failed: {e}; convert a local copy with --input") from None
+    return [dict(r) for r in ds]
+
+
+def build_parser():
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="python -m npu_rl.data",
+        description="Write <out>/<dataset>/<split>.parquet for verl's RLHFDataset from a local file or a hub.",
+    )
+    p.add_argument("dataset", choices=sorted(SPECS))
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--input", type=Path, nargs="+", help="local .jsonl/.json/.parquet file(s), concatenated")
+    src.add_argument("--hub", choices=("modelscope", "hf"), help="download with the hub's library")
+    p.add_argument("--repo", help="dataset id on the hub (default: the well-known one for DATASET)")
+    p.add_argument("--split", default=None, help="name of the output split (default: train; AIME/MATH-500: test)")
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("DATA_DIR", Path.home() / "data")))
+    p.add_argument("--skip-invalid", action="store_true", help="drop rows without question/answer (counted)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    a = build_parser().parse_args(argv)
+    spec = SPECS[a.dataset]
+    split = a.split or ("test" if a.dataset in ("math500", "aime2024", "aime2025") else "train")
+    try:
+        if a.input:
+            rows = [r for path in a.input for r in read_rows(path)]
+            source = ", ".join(map(str, a.input))
+        else:
+            rows, source = load_online(spec, a.hub, a.repo), f"{a.hub}:{a.repo or spec.repo}"
+        converted, skipped = convert(rows, spec, split, source, a.skip_invalid)
+        out = write_parquet(converted, a.out / a.dataset / f"{split}.parquet")
+    except (DataError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for reason in skipped:
+        print(f"skipped: {reason}", file=sys.stderr)
+    print(f"{out}: {len(converted)} rows ({len(skipped)} skipped), data_source={spec.data_source}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
