@@ -19,7 +19,7 @@ from npu_rl.preflight.model import MODELS_DIR, load_model_facts
 pytest.importorskip("verl")
 
 TESTS = REPO_ROOT / "tests" / "recipes"
-ENV_2X16 = {"NNODES": "2", "NPUS_PER_NODE": "16"}
+ENV_2X16 = {"NNODES": "2", "NPUS_PER_NODE": "16", "NPU_RL_DRY_RUN": "1"}
 
 # The valid base of tests/recipes/base_qwen3_32b.sh, for in-process checks.
 BASE = [
@@ -175,7 +175,7 @@ def test_keys_of_another_engine_are_explained():
 
 
 def test_nodes_and_dies_must_match_the_launcher():
-    r = check(env={"NNODES": "1", "NPUS_PER_NODE": "16"})
+    r = check(env={**ENV_2X16, "NNODES": "1"})
     p = errors(r)["trainer.nnodes, trainer.n_gpus_per_node"]
     assert "2 x 16 = 32 dies, the launcher has NNODES=1 x NPUS_PER_NODE=16 = 16" in p.message
 
@@ -323,8 +323,8 @@ def test_model_override_config_and_borrowed_facts():
     assert "actor_rollout_ref.rollout.max_model_len" in errors(check(*long))
     assert "actor_rollout_ref.rollout.max_model_len" not in errors(check(yarn, *long))
     r = check("actor_rollout_ref.model.path=/models/Qwen3-32B-Instruct-2507")
-    (w,) = [p for p in r.report.warnings if p.key == "actor_rollout_ref.model.path"]
-    assert "using the shipped Qwen3-32B facts for 'Qwen3-32B-Instruct-2507'" in w.message
+    notes = [p.message for p in r.report.warnings if p.key == "actor_rollout_ref.model.path"]
+    assert any("using the shipped Qwen3-32B facts for 'Qwen3-32B-Instruct-2507'" in m for m in notes)
 
 
 def test_log_prob_token_budget_must_hold_the_longest_trajectory():
@@ -362,3 +362,33 @@ def test_recipes_that_skip_run_verl_or_drop_overrides_are_refused():
     assert rc == 65 and "without reaching run_verl: nothing was checked" in out
     rc, out = dry_run(TESTS / "drops_overrides.sh", TESTS / "env_2x16.sh", "data.train_batch_size=128")
     assert rc == 65 and "the recipe dropped the overrides given to the launcher: data.train_batch_size=128" in out
+
+
+def _model_dir(tmp_path, shards=("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")):
+    d = tmp_path / "Qwen3-32B"
+    d.mkdir()
+    (d / "config.json").write_text((MODELS_DIR / "Qwen3-32B.json").read_text())
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (d / f).write_text("{}")
+    weight_map = {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    for s in shards:
+        (d / s).write_bytes(b"")
+    return d
+
+
+def test_before_a_real_run_model_and_data_files_must_exist(tmp_path):
+    real = {k: v for k, v in ENV_2X16.items() if k != "NPU_RL_DRY_RUN"}
+    e = errors(check(env=real))
+    assert "does not exist on the head node" in e["actor_rollout_ref.model.path"].message
+    assert "does not exist on the head node" in e["data.train_files"].message
+    data = tmp_path / "train.parquet"
+    data.write_bytes(b"")
+    files = [f"data.train_files={data}", f"data.val_files={data}"]
+    r = check(f"actor_rollout_ref.model.path={_model_dir(tmp_path)}", *files, env=real)
+    assert r.ok, r.render()
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    d = _model_dir(partial, shards=("model-00001-of-00002.safetensors",))
+    msg = errors(check(f"actor_rollout_ref.model.path={d}", *files, env=real))["actor_rollout_ref.model.path"].message
+    assert "missing: model-00002-of-00002.safetensors" in msg

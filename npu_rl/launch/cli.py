@@ -400,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         topo = launcher.resolve(dry_run=args.dry_run)
         if args.dry_run:
             launcher.print_env()
+            launcher.env["NPU_RL_DRY_RUN"] = "1"  # missing model/data files are warnings, not errors
             rc = launcher.plan(None)
             launcher.log(f"dry run: the preflight {'passed' if rc == 0 else 'rejected the recipe'} (exit {rc})")
             return rc

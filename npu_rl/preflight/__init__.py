@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -81,6 +82,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     model_path = str(sel(cfg, "actor_rollout_ref.model.path", ""))
     override = sel(cfg, "actor_rollout_ref.model.override_config", {}) or {}
     model = _model_facts(model_path, env, report, _plain(override))
+    _check_files(cfg, model_path, env, report)
     world = checks.check_resources(cfg, env, report)
     lay = checks.train_layout(cfg, world)
     roll = checks.rollout_layout(cfg)
@@ -166,6 +168,39 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         ("features on", ", ".join(f.name for f in feats.on) or "none"),
     ]
     return plan
+
+
+def _check_files(cfg, model_path: str, env: Mapping[str, str], report: Report) -> None:
+    """The model and data files the run reads: errors on the head before a real run, warnings in a
+    dry run (which may run on a machine that has neither)."""
+    from npu_rl.models import missing_files
+
+    dry = env.get("NPU_RL_DRY_RUN") == "1"
+    flag = report.warn if dry else report.error
+    where = "here (fine for a dry run on another machine)" if dry else "on the head node"
+    model_dir = Path(os.path.expanduser(model_path))
+    if model_dir.is_dir():
+        missing = missing_files(model_dir)
+        if missing:
+            report.error(
+                "actor_rollout_ref.model.path",
+                f"{model_dir} is incomplete; missing: {', '.join(missing)}",
+                "finish the download: python -m npu_rl.models download <id> --dest " + str(model_dir),
+            )
+    else:
+        flag(
+            "actor_rollout_ref.model.path",
+            f"{model_path} does not exist {where}",
+            "python -m npu_rl.models download Qwen/<model> (ModelScope; --hub hf for the Hugging Face hub)",
+        )
+    for key in ("data.train_files", "data.val_files"):
+        value = checks.sel(cfg, key)
+        files = [value] if isinstance(value, str) else list(value or [])
+        for f in files:
+            f = str(f)
+            if "://" in f or Path(os.path.expanduser(f)).exists():
+                continue
+            flag(key, f"{f} does not exist {where}", "python -m npu_rl.data <dataset> --input FILE | --hub ...")
 
 
 def _cmp(a: int, b: int) -> str:

@@ -1,0 +1,37 @@
+"""Model directory checks and the download CLI's errors (no network here)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from npu_rl.models import ModelError, download, main, missing_files
+
+
+def test_missing_files_lists_what_a_run_needs(tmp_path):
+    assert missing_files(tmp_path / "nope") == [f"{tmp_path / 'nope'} (no such directory)"]
+    (tmp_path / "config.json").write_text("{}")
+    assert missing_files(tmp_path, config_only=True) == [
+        "tokenizer.json (or vocab.json + merges.txt)",
+        "tokenizer_config.json",
+    ]
+    for f in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+        (tmp_path / f).write_text("")
+    assert missing_files(tmp_path, config_only=True) == []
+    assert missing_files(tmp_path) == ["model.safetensors.index.json or model.safetensors (the weights)"]
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "s1", "y": "s2"}}))
+    (tmp_path / "s1").write_bytes(b"")
+    assert missing_files(tmp_path) == ["s2"]
+    assert main(["verify", str(tmp_path)]) == 1
+    (tmp_path / "s2").write_bytes(b"")
+    assert main(["verify", str(tmp_path)]) == 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("modelscope") is not None, reason="modelscope is installed here")
+def test_missing_hub_library_says_how_to_install_it(tmp_path, capsys):
+    with pytest.raises(ModelError, match="pip install modelscope"):
+        download("Qwen/Qwen3-0.6B", tmp_path / "m", hub="modelscope", config_only=True)
+    assert main(["download", "Qwen/Qwen3-0.6B", "--config-only", "--dest", str(tmp_path / "m")]) == 1
+    assert "pip install modelscope" in capsys.readouterr().err
