@@ -48,6 +48,13 @@ class Feature:
 
 FEATURES: tuple[Feature, ...] = (
     Feature(
+        "random init",
+        "trains from Megatron's random initialisation instead of loading the checkpoint (throughput runs)",
+        4,
+        env="NPU_RL_RANDOM_INIT",
+        patches=("verl/0002-verl-feature-random-init.patch",),
+    ),
+    Feature(
         "length-aware resampler",
         "groups prompts of similar predicted response length into the same generation batch",
         5,
@@ -123,9 +130,26 @@ class FeatureState:
     warnings: list[tuple[str, str, str]] = field(default_factory=list)
 
 
-def feature_state(env: Mapping[str, str], select: Callable[[str], object]) -> FeatureState:
-    """Read the switches of every feature from ``env`` and the composed config (``select(key)``)."""
+def feature_state(
+    env: Mapping[str, str], select: Callable[[str], object], node_env: Mapping[str, str] | None = None
+) -> FeatureState:
+    """Read the switches of every feature from ``env`` and the composed config (``select(key)``).
+
+    ``node_env`` is what the launcher saw before running the train script (the node environment that
+    Ray's workers on every node inherit); a feature variable that differs there was set in the train
+    script, where only the driver sees it.
+    """
     st = FeatureState()
+    for key in sorted(known_env() - set(RENAMED)):
+        if node_env is not None and env.get(key, "") != node_env.get(key, ""):
+            st.errors.append(
+                (
+                    key,
+                    f"is {env.get(key, '')!r} in the train script but {node_env.get(key, '')!r} in the node "
+                    "environment: Ray workers on the other nodes would not see it",
+                    "set feature variables in the ENV_SCRIPT (sourced on every node before Ray starts)",
+                )
+            )
     for f in FEATURES:
         on = False
         if f.env:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -19,13 +20,17 @@ RECIPES_DIR = REPO_ROOT / "recipes"
 
 
 def discover(root: Path = RECIPES_DIR) -> list[tuple[Path, Path | None]]:
-    """(train script, its env script) for every recipe: ``recipes/<model>/*.sh`` except ``env_*.sh``;
-    the env script is the first ``env_*.sh`` of the same folder."""
+    """(train script, its env script) for every recipe: ``recipes/<model>/*.sh`` except ``env_*.sh``.
+
+    The env script is the one a ``# Env: <file>`` header line of the recipe names, else the first
+    ``env_*.sh`` of the same folder.
+    """
     pairs = []
     for recipe in sorted(root.glob("*/*.sh")):
         if recipe.name.startswith("env_"):
             continue
-        envs = sorted(recipe.parent.glob("env_*.sh"))
+        named = re.search(r"^# Env: (\S+)$", recipe.read_text(), re.M)
+        envs = [recipe.parent / named.group(1)] if named else sorted(recipe.parent.glob("env_*.sh"))
         pairs.append((recipe, envs[0] if envs else None))
     return pairs
 

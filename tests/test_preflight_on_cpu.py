@@ -392,3 +392,27 @@ def test_before_a_real_run_model_and_data_files_must_exist(tmp_path):
     d = _model_dir(partial, shards=("model-00001-of-00002.safetensors",))
     msg = errors(check(f"actor_rollout_ref.model.path={d}", *files, env=real))["actor_rollout_ref.model.path"].message
     assert "missing: model-00002-of-00002.safetensors" in msg
+
+
+def test_random_init_needs_dummy_rollout_weights_and_only_config_files(tmp_path):
+    on = {**ENV_2X16, "NPU_RL_RANDOM_INIT": "1"}
+    e = errors(check("actor_rollout_ref.rollout.load_format=auto", env=on))
+    assert "load_format=auto" in e["NPU_RL_RANDOM_INIT"].message
+    assert check("actor_rollout_ref.rollout.load_format=dummy", env=on).ok
+    config_only = tmp_path / "Qwen3-32B"
+    config_only.mkdir()
+    (config_only / "config.json").write_text((MODELS_DIR / "Qwen3-32B.json").read_text())
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (config_only / f).write_text("{}")
+    model = f"actor_rollout_ref.model.path={config_only}"
+    assert "actor_rollout_ref.model.path" not in errors(
+        check(model, "actor_rollout_ref.rollout.load_format=dummy", env=on)
+    )
+    assert "the weights" in errors(check(model))["actor_rollout_ref.model.path"].message  # needed without the switch
+
+
+def test_feature_variables_set_only_in_the_train_script_are_refused():
+    node = json.dumps({})  # the launcher saw no feature variable on the node
+    r = check(env={**ENV_2X16, "NPU_RL_RANDOM_INIT": "1", "NPU_RL_NODE_FEATURE_ENV": node})
+    msg = errors(r)["NPU_RL_RANDOM_INIT"].message
+    assert "in the train script but '' in the node environment" in msg

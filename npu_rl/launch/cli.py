@@ -9,6 +9,7 @@ attached while the head lives).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from npu_rl import REPO_ROOT
 from npu_rl.errors import LaunchError, NodesMissing, NpuRlError, TopologyError
+from npu_rl.features import known_env
 from npu_rl.launch import cluster
 from npu_rl.launch.environ import derived_env, ray_auth, shown_env, sourced_files
 from npu_rl.launch.topology import Topology, resolve_topology
@@ -129,6 +131,8 @@ class Launcher:
         self.env.setdefault("NPU_RL_TRAIN_PYTHON", sys.executable)
         self.env["NPU_RL_RECIPE"] = str(self.train)
         self.env["NPU_RL_ENV_SCRIPT"] = str(self.env_script or "")
+        # The feature switches every node starts Ray with; the preflight compares the recipe's view.
+        self.env["NPU_RL_NODE_FEATURE_ENV"] = json.dumps({k: self.env[k] for k in sorted(known_env()) if k in self.env})
         self.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), self.env.get("PYTHONPATH")) if p)
         role = "head" if topo.is_head else "worker"
         self.log(

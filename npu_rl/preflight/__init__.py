@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import warnings
 from collections.abc import Mapping
@@ -82,14 +83,17 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     model_path = str(sel(cfg, "actor_rollout_ref.model.path", ""))
     override = sel(cfg, "actor_rollout_ref.model.override_config", {}) or {}
     model = _model_facts(model_path, env, report, _plain(override))
-    _check_files(cfg, model_path, env, report)
+    from npu_rl.features import env_flag
+
+    _check_files(cfg, model_path, env, report, config_only=bool(env_flag(env, "NPU_RL_RANDOM_INIT")))
     world = checks.check_resources(cfg, env, report)
     lay = checks.train_layout(cfg, world)
     roll = checks.rollout_layout(cfg)
     npus_per_node = int(env.get("NPUS_PER_NODE") or sel(cfg, "trainer.n_gpus_per_node", 8))
     checks.check_batches(cfg, lay, report)
     _verl_validate(cfg, report, cli.injected)
-    feats = feature_state(env, lambda k: sel(cfg, k))
+    node_env = json.loads(env["NPU_RL_NODE_FEATURE_ENV"]) if env.get("NPU_RL_NODE_FEATURE_ENV") else None
+    feats = feature_state(env, lambda k: sel(cfg, k), node_env)
     for key, msg, fix in feats.errors:
         report.error(key, msg, fix)
     for key, msg, fix in feats.warnings:
@@ -107,6 +111,8 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         checks.check_reshard_layout(lay, roll, model, report)
     if any(f.config and f.config[0] == f"{checks.A}.recompute_old_log_prob" for f in feats.on):
         checks.check_skip_old_log_prob(cfg, report)
+    if any(f.env == "NPU_RL_RANDOM_INIT" for f in feats.on):
+        checks.check_random_init(cfg, report)
     est = checks.estimate_memory(cfg, lay, roll, model)
     checks.check_memory(cfg, est, lengths, report)
     dense, expert = model.params()
@@ -170,7 +176,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     return plan
 
 
-def _check_files(cfg, model_path: str, env: Mapping[str, str], report: Report) -> None:
+def _check_files(cfg, model_path: str, env: Mapping[str, str], report: Report, config_only: bool = False) -> None:
     """The model and data files the run reads: errors on the head before a real run, warnings in a
     dry run (which may run on a machine that has neither)."""
     from npu_rl.models import missing_files
@@ -180,7 +186,7 @@ def _check_files(cfg, model_path: str, env: Mapping[str, str], report: Report) -
     where = "here (fine for a dry run on another machine)" if dry else "on the head node"
     model_dir = Path(os.path.expanduser(model_path))
     if model_dir.is_dir():
-        missing = missing_files(model_dir)
+        missing = missing_files(model_dir, config_only)
         if missing:
             report.error(
                 "actor_rollout_ref.model.path",

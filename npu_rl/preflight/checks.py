@@ -505,3 +505,16 @@ def check_skip_old_log_prob(cfg, report: Report) -> None:
                 f"{why}; algorithm.rollout_correction.{k}={v} corrects with the old log-probs",
                 f"set algorithm.rollout_correction.{k}=null or recompute",
             )
+
+
+def check_random_init(cfg, report: Report) -> None:
+    """Random init keeps Megatron's initial weights: the rollout must not load a checkpoint either
+    (``load_format=dummy``), and rewards mean nothing (throughput runs only)."""
+    fmt = str(sel(cfg, f"{R}.load_format", "dummy"))
+    if fmt != "dummy":
+        report.error(
+            "NPU_RL_RANDOM_INIT",
+            f"random init is on but {R}.load_format={fmt}: vLLM would load weights the model folder lacks",
+            f"set {R}.load_format=dummy (the trainer's weights reach vLLM at the first sync)",
+        )
+    report.warn("NPU_RL_RANDOM_INIT", "random init: rewards and accuracy are meaningless; measure throughput only")

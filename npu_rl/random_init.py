@@ -1,0 +1,32 @@
+"""Random-init training runs: skip loading checkpoint weights (performance work without the weights).
+
+A 235B checkpoint is ~470 GB; measuring throughput does not need it. With ``NPU_RL_RANDOM_INIT=1``
+the trainer keeps Megatron's random initialisation instead of loading the HF weights (verl patch
+``0002-verl-feature-random-init``), and the rollout starts from ``load_format=dummy`` and receives the
+trainer's weights at the first sync, as usual. Only the config and tokenizer must exist
+(``python -m npu_rl.models download ID --config-only``). Rewards are meaningless: throughput only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from npu_rl.errors import NpuRlError
+
+SWITCH = "NPU_RL_RANDOM_INIT"
+
+
+def random_init_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """True when ``NPU_RL_RANDOM_INIT`` is on.
+
+    Raises:
+        NpuRlError: the value is not a boolean word (1/0, true/false, yes/no, on/off).
+    """
+    from npu_rl.features import env_flag
+
+    env = os.environ if env is None else env
+    flag = env_flag(env, SWITCH)
+    if flag is None:
+        raise NpuRlError(f"{SWITCH}={env[SWITCH]!r} is not a boolean: set {SWITCH}=1 or {SWITCH}=0")
+    return flag
