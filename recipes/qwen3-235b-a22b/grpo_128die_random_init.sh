@@ -71,7 +71,13 @@ ROLLOUT=(
     actor_rollout_ref.rollout.enable_prefix_caching=True
     actor_rollout_ref.rollout.load_format=dummy
 )
-# MoE routing replay (verl 0.9.0; train/rollout mismatch): actor_rollout_ref.actor.router_replay.*
+# MoE routing replay (verl 0.9.0, vime's "R3"): ROUTER_REPLAY=R3 replays the rollout's expert routing
+# in training to cut the train/rollout mismatch (watch the rollout-vs-actor log-prob metrics).
+ROUTER_REPLAY="${ROUTER_REPLAY:-disabled}"
+MOE=(
+    actor_rollout_ref.actor.router_replay.mode="$ROUTER_REPLAY"
+    actor_rollout_ref.rollout.enable_rollout_routing_replay="$([[ "$ROUTER_REPLAY" == R3 ]] && echo True || echo False)"
+)
 # Features of this project (each rejected until its release carries it; README "Features"):
 #   data.sampler.class_name=LengthAwareEpochSampler   ALL_TO_ALL_RESHARD=1   ROLLOUT_REBALANCE_ENABLE=1
 #   +actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config.method=sam
@@ -90,4 +96,4 @@ TRAINER=(
 )
 
 run_verl "${DATA[@]}" "${MODEL[@]}" "${TRAIN_PARALLEL[@]}" "${ALGORITHM[@]}" "${ROLLOUT[@]}" \
-    "${FEATURES[@]}" "${TRAINER[@]}" "$@"
+    "${MOE[@]}" "${FEATURES[@]}" "${TRAINER[@]}" "$@"
