@@ -63,7 +63,13 @@ install::npu() {
     install::pip -c "$NPU_RL_ROOT/constraints/npu.txt" -r "$NPU_RL_ROOT/constraints/npu.in"
     install::upstreams
     local sources="$NPU_RL_ROOT/sources"
-    common::log "vllm-ascend (built against CANN, editable)"
+    # vllm is installed --no-deps (its metadata pins another torch): install its runtime
+    # requirements here, minus the torch stack the image owns.
+    common::log "vllm runtime requirements (sources/vllm/requirements/common.txt, torch stack excluded)"
+    grep -v -E '^\s*(#|-r|$|torch|torchaudio|torchvision|triton)' "$sources/vllm/requirements/common.txt" \
+        >"$VENV/vllm-common-requirements.txt"
+    install::pip -c "$NPU_RL_ROOT/constraints/npu.txt" -r "$VENV/vllm-common-requirements.txt"
+    common::log "vllm-ascend (built against CANN, editable; SOC_VERSION=${SOC_VERSION:-from npu-smi})"
     PATH="$VENV/bin:$PATH" install::pip --no-build-isolation --no-deps -e "$sources/vllm-ascend"
     if [[ -d "$sources/mindspeed" ]]; then
         install::pip --no-deps -e "$sources/mindspeed"
@@ -96,6 +102,11 @@ main() {
     "install::$mode"
     "$VENV/bin/python" -c 'import verl, vllm, megatron.core, npu_rl' 2>/dev/null ||
         common::die "the stack does not import: $VENV/bin/python -c 'import verl, vllm, megatron.core, npu_rl'"
+    if [[ "$mode" == npu ]]; then
+        # `import vllm` is lazy: import what verl's rollout server really loads.
+        "$VENV/bin/python" -c 'import verl.workers.rollout.vllm_rollout.vllm_async_server, vllm_ascend' ||
+            common::die "verl's vLLM rollout server does not import (see the error above): a runtime dependency is missing"
+    fi
     common::log "done in $((SECONDS - started)) s: $VENV/bin/python -c 'import verl, vllm, megatron.core, npu_rl' works"
 }
 

@@ -4,11 +4,21 @@
 # Mounts every /dev/davinci<N> found plus the manager devices, the driver, npu-smi and the install
 # info that exist (no hard-coded device list), host networking (Ray, HCCL), $MODELS_DIR and $DATA_DIR.
 #   IMAGE       default npu-rl-recipes:a3           MODELS_DIR  default $HOME/models
-#   DATA_DIR    default $HOME/data                  NPU_RL_DEV_ROOT / NPU_RL_HOST_ROOT  (tests only)
+#   DATA_DIR    default $HOME/data                  LOG_DIR     default ./logs (run logs survive --rm)
+#   DOCKER_ARGS extra `docker run` arguments, e.g. "-v $HOME/.ray:/root/.ray:ro" for the Ray token
+#   NPU_RL_DEV_ROOT / NPU_RL_HOST_ROOT  where devices and driver files are looked for (tests only)
 set -euo pipefail
 
 run::usage() {
-    sed -n '2,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+}
+
+run::value() {
+    [[ $# -ge 2 && -n "$2" && "$2" != -* ]] || {
+        run::usage >&2
+        echo "error: $1 needs a value" >&2
+        exit 2
+    }
 }
 
 main() {
@@ -17,15 +27,17 @@ main() {
     local cmd=(bash)
     while (($#)); do
         case "$1" in
-            --name) name="$2" && shift 2 ;;
-            --image) image="$2" && shift 2 ;;
+            --name) run::value "$@" && name="$2" && shift 2 ;;
+            --image) run::value "$@" && image="$2" && shift 2 ;;
             --) shift && cmd=("$@") && break ;;
             -h | --help) run::usage && return 0 ;;
             *) run::usage >&2 && echo "unknown argument: $1" >&2 && return 2 ;;
         esac
     done
 
-    local args=(--rm -it --name "$name" --network host --ipc host --shm-size 64g) dev found=0
+    local args=(--rm --name "$name" --network host --ipc host --shm-size 64g) dev found=0
+    # -t only with a terminal: pdsh/ssh without -t would make `docker run -t` refuse to start.
+    if [[ -t 0 ]]; then args+=(-it); else args+=(-i); fi
     for dev in "$dev_root"/davinci[0-9]*; do
         [[ -e "$dev" ]] || continue
         args+=(--device "$dev:/dev/${dev##*/}")
@@ -46,6 +58,13 @@ main() {
     local models="${MODELS_DIR:-$HOME/models}" data="${DATA_DIR:-$HOME/data}"
     [[ -d "$models" ]] && args+=(-v "$models:$models" -e "MODELS_DIR=$models")
     [[ -d "$data" ]] && args+=(-v "$data:$data" -e "DATA_DIR=$data")
+    local logs="${LOG_DIR:-$PWD/logs}"
+    mkdir -p "$logs"
+    args+=(-v "$logs:/opt/npu-rl-recipes/logs" -e LOG_DIR=/opt/npu-rl-recipes/logs)
+    local extra=()
+    # DOCKER_ARGS is split on whitespace on purpose (several arguments in one variable).
+    read -r -a extra <<<"${DOCKER_ARGS:-}"
+    args+=("${extra[@]}")
     echo "starting $image with $found NPU die(s)" >&2
     exec docker run "${args[@]}" "$image" "${cmd[@]}"
 }

@@ -148,17 +148,28 @@ def _is_messages(value) -> bool:
 
 def _answer(row: dict, spec: Spec) -> str | None:
     reward = row.get("reward_model")
-    if isinstance(reward, dict) and reward.get("ground_truth") not in (None, ""):
-        return str(reward["ground_truth"])
-    for key in _ANSWER_KEYS:
-        value = row.get(key)
-        if value is None or value == "":
-            continue
-        text = str(value)
-        if spec.name == "gsm8k" and "####" in text:  # GSM8K: worked solution, then "#### 72"
+    text = None
+    if isinstance(reward, dict) and str(reward.get("ground_truth", "")).strip():
+        text = str(reward["ground_truth"])
+    else:
+        for key in _ANSWER_KEYS:
+            value = row.get(key)
+            if value is not None and str(value).strip():
+                text = str(value)
+                break
+    if text is None:
+        return None
+    if spec.name == "gsm8k":
+        if "####" in text:  # GSM8K: worked solution, then "#### 72"
             text = text.rsplit("####", 1)[1]
-        return text.strip().replace(",", "") if spec.name == "gsm8k" else text.strip()
-    return None
+        text = text.strip()
+        return text.replace(",", "") if re.fullmatch(r"-?[\d,]+(\.\d+)?", text) else text
+    if re.search(r"\n#### ", text):
+        raise DataError(f"the answer looks like GSM8K's ('... #### N'), not {spec.name}'s: convert it as gsm8k")
+    text = text.strip()
+    if spec.name.startswith("aime") and re.fullmatch(r"0*\d+", text):
+        text = str(int(text))  # AIME answers are 0-999; "025" would not match "Answer: 25"
+    return text
 
 
 def strip_wrapper(question: str) -> str:
@@ -183,7 +194,10 @@ def convert(
     """
     out, skipped = [], []
     for i, row in enumerate(rows):
-        q, a = _question(row), _answer(row, spec)
+        try:
+            q, a = _question(row), _answer(row, spec)
+        except DataError as e:
+            raise DataError(f"{source or spec.name} row {i}: {e}") from None
         if not q or a is None:
             missing = "question" if not q else "answer (empty or absent ground truth)"
             msg = (
@@ -284,6 +298,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for reason in skipped:
         print(f"skipped: {reason}", file=sys.stderr)
+    questions = [r["extra_info"]["question"] for r in converted]
+    if len(set(questions)) < len(questions):
+        print(
+            f"warning: {len(questions) - len(set(questions))} duplicate question(s) (same file twice?)", file=sys.stderr
+        )
+    sources = sorted({str(r.get("source") or r.get("tag")) for r in rows if r.get("source") or r.get("tag")})
+    if len(sources) > 1:
+        print(
+            f"warning: the input mixes sources {sources}: split it if only one belongs to {a.dataset}", file=sys.stderr
+        )
     print(f"{out}: {len(converted)} rows ({len(skipped)} skipped), data_source={spec.data_source}")
     return 0
 

@@ -36,7 +36,7 @@ def missing_files(model_dir: Path, config_only: bool = False) -> list[str]:
     ``model.safetensors.index.json``, or a single ``model.safetensors``.
     """
     if not model_dir.is_dir():
-        return [f"{model_dir} (no such directory)"]
+        return [f"{model_dir} ({'not a directory' if model_dir.exists() else 'no such directory'})"]
     missing = []
     if not (model_dir / "config.json").is_file():
         missing.append("config.json")
@@ -52,9 +52,14 @@ def missing_files(model_dir: Path, config_only: bool = False) -> list[str]:
     if index.is_file():
         try:
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError) as e:
+        except (ValueError, KeyError, AttributeError, TypeError) as e:
             return [*missing, f"model.safetensors.index.json (unreadable: {e!r})"]
-        missing += [s for s in shards if not (model_dir / s).is_file()]
+        for shard in shards:
+            path = model_dir / shard
+            if not path.is_file():
+                missing.append(shard)
+            elif path.stat().st_size == 0:
+                missing.append(f"{shard} (empty: an interrupted download?)")
     elif not (model_dir / "model.safetensors").is_file():
         missing.append("model.safetensors.index.json or model.safetensors (the weights)")
     return missing

@@ -111,3 +111,14 @@ def test_bad_rows_are_named_or_skipped_and_counted(tmp_path):
         read_rows(bad)
     assert main(["gsm8k", "--input", str(bad), "--out", str(tmp_path)]) == 1
     assert not (tmp_path / "gsm8k").exists()  # nothing half-written
+
+
+def test_answers_are_normalised_and_a_wrong_dataset_is_refused():
+    aime = [{"problem": "p", "answer": "025"}, {"problem": "q", "answer": " 7 "}]
+    rows, _ = convert(aime, SPECS["aime2024"], "test")
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["25", "7"]  # math_dapo compares "Answer: 25"
+    gsm = read_rows(DATA / "gsm8k_train_head20.jsonl")
+    with pytest.raises(DataError, match=r"row 0: the answer looks like GSM8K's .* convert it as gsm8k"):
+        convert(gsm, SPECS["math500"], "test")
+    latex = [{"problem": "p", "answer": "\\left( 3, \\frac{\\pi}{2} \\right)"}]
+    assert convert(latex, SPECS["gsm8k"], "t")[0][0]["reward_model"]["ground_truth"] == latex[0]["answer"]

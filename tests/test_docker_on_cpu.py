@@ -108,7 +108,8 @@ def test_run_container_mounts_the_devices_it_finds(tmp_path):
     (bin_ / "docker").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
     (bin_ / "docker").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "NPU_RL_DEV_ROOT": str(dev)}
-    env.update(NPU_RL_HOST_ROOT=str(host), HOME=str(tmp_path), USER="u")
+    env.update(NPU_RL_HOST_ROOT=str(host), HOME=str(tmp_path), USER="u", LOG_DIR=str(tmp_path / "logs"))
+    env["DOCKER_ARGS"] = "-e EXTRA=1"
     r = subprocess.run(
         ["bash", str(REPO_ROOT / "docker" / "run_container.sh"), "--", "nproc"],
         env=env, capture_output=True, text=True, check=True,
@@ -123,6 +124,12 @@ def test_run_container_mounts_the_devices_it_finds(tmp_path):
     ]
     assert f"{host}/usr/local/Ascend/driver:/usr/local/Ascend/driver:ro" in args
     assert args[-2:] == ["npu-rl-recipes:a3", "nproc"] and "2 NPU die(s)" in r.stderr
+    assert "-it" not in args and "EXTRA=1" in args  # no terminal here: -i only; DOCKER_ARGS appended
+    assert f"{tmp_path / 'logs'}:/opt/npu-rl-recipes/logs" in args
+    bad = subprocess.run(
+        ["bash", str(REPO_ROOT / "docker" / "run_container.sh"), "--image"], env=env, capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "--image needs a value" in bad.stderr
     (dev / "davinci0").unlink()
     (dev / "davinci3").unlink()
     r = subprocess.run(

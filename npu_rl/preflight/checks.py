@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from npu_rl.preflight.model import ModelFacts
 from npu_rl.preflight.report import Report
@@ -518,3 +519,68 @@ def check_random_init(cfg, report: Report) -> None:
             f"set {R}.load_format=dummy (the trainer's weights reach vLLM at the first sync)",
         )
     report.warn("NPU_RL_RANDOM_INIT", "random init: rewards and accuracy are meaningless; measure throughput only")
+
+
+def check_engine_available(cfg, report: Report) -> None:
+    """verl 0.9.0's ``model_engine=mindspeed`` (strategy ``mindspeed_megatron``) builds the model with
+    ``megatron.training`` and ``mindspeed_llm``, which the pinned stack does not ship (megatron-core
+    has only ``megatron/core``). On NPU, ``model_engine=megatron`` already runs through MindSpeed
+    (verl registers ``MindspeedEngineWithLMHead`` for the megatron backend on NPU)."""
+    if str(sel(cfg, f"{A}.strategy", "")) == "mindspeed":
+        report.error(
+            "model_engine",
+            "mindspeed selects verl's MindSpeed-Megatron engine, which needs megatron.training and mindspeed_llm "
+            "(not in the pinned stack) and ignores override_transformer_config",
+            "use model_engine=megatron and actor_rollout_ref.actor.megatron.* (on NPU verl runs it through MindSpeed)",
+        )
+
+
+def registered_reward_managers() -> set[str]:
+    """Names registered with ``@register("...")`` in the installed verl's reward managers (read, not imported)."""
+    import re
+
+    import verl
+
+    root = Path(verl.__file__).parent
+    names = set()
+    for folder in ("experimental/reward_loop/reward_manager", "workers/reward_manager"):
+        for py in (root / folder).glob("*.py"):
+            names.update(re.findall(r'@register\("([\w-]+)"\)', py.read_text()))
+    return names
+
+
+def check_reward_and_dapo(cfg, report: Report) -> None:
+    """Reward manager name exists; DAPO dynamic sampling as verl 0.9.0's V1 trainer reads it
+    (``trainer_base.py``: ``data.gen_batch_size`` forced to 1, ``max_num_gen_batches`` ignored,
+    ``max_inflight_gen_batches`` bounds the concurrent generation batches, a metric is required)."""
+    import difflib
+
+    key = "reward.reward_manager.name"
+    if str(sel(cfg, "reward.reward_manager.source", "register")) == "register":
+        name, names = str(sel(cfg, key, "naive")), registered_reward_managers()
+        if names and name not in names:
+            close = difflib.get_close_matches(name, sorted(names), n=1)
+            report.error(
+                key,
+                f"'{name}' is not a registered reward manager ({', '.join(sorted(names))})",
+                f"did you mean {close[0]}?" if close else "",
+            )
+    fg = "algorithm.filter_groups"
+    if not bool(sel(cfg, f"{fg}.enable", False)) or not bool(sel(cfg, "trainer.use_v1", True)):
+        return
+    if not sel(cfg, f"{fg}.metric"):
+        report.error(f"{fg}.metric", "group filtering is on but no metric is set", f"set {fg}.metric=acc")
+    inflight = sel(cfg, f"{fg}.max_inflight_gen_batches", 1)
+    if not isinstance(inflight, int) or inflight < 1:
+        report.error(f"{fg}.max_inflight_gen_batches", f"= {inflight!r}; it must be >= 1", "e.g. 2")
+    gen = sel(cfg, "data.gen_batch_size")
+    if gen not in (None, 1):
+        report.warn(
+            "data.gen_batch_size", f"= {gen}: verl's V1 trainer overrides it to 1 with group filtering", "drop it"
+        )
+    if int(sel(cfg, f"{fg}.max_num_gen_batches", 0) or 0) > 0:
+        report.warn(
+            f"{fg}.max_num_gen_batches",
+            "is ignored by verl 0.9.0's V1 trainer",
+            f"bound concurrent generation with {fg}.max_inflight_gen_batches",
+        )

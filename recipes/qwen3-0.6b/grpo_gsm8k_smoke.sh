@@ -6,7 +6,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../../internal/verl.sh"
 
 NPUS_PER_NODE="${NPUS_PER_NODE:-16}"
-MODEL_PATH="${MODEL_PATH:-$HOME/models/Qwen3-0.6B}"
+MODEL_PATH="${MODEL_PATH:-${MODELS_DIR:-$HOME/models}/Qwen3-0.6B}"
 DATA_DIR="${DATA_DIR:-$HOME/data}"
 
 DATA=(

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Qwen3-235B-A22B DAPO on DAPO-Math-17k (AIME 2024 validation) with real weights, 2K prompts / 32K responses, 8 nodes x 16 dies (A3).
 #   bash ray_start_npu.sh recipes/qwen3-235b-a22b/dapo_128die.sh recipes/qwen3-235b-a22b/env_8node.sh
-# Training: MindSpeed/Megatron TP 4 x PP 8 (first/last stage 11 layers, 6 x 12 between) x EP 16, DP 4;
+# Training: Megatron (run through MindSpeed on NPU) TP 4 x PP 8 (first/last stage 11 layers, 6 x 12 between) x EP 16, DP 4;
 # everything offloaded while vLLM runs. Rollout: vLLM TP 4 x DP 32 with expert parallel 128 (one
 # replica over all dies). DAPO: clip-higher 0.28, token-mean loss, dynamic sampling (groups with
 # all-equal accuracy are dropped and refilled), the dapo reward manager, no KL.
@@ -11,23 +11,22 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../internal/verl.sh"
 
 NNODES="${NNODES:-8}"
 NPUS_PER_NODE="${NPUS_PER_NODE:-16}"
-MODEL_PATH="${MODEL_PATH:-$HOME/models/Qwen3-235B-A22B}"
+MODEL_PATH="${MODEL_PATH:-${MODELS_DIR:-$HOME/models}/Qwen3-235B-A22B}"
 DATA_DIR="${DATA_DIR:-$HOME/data}"
 PROMPT_LEN=2048
 RESPONSE_LEN=32768
-ENGINE=actor_rollout_ref.actor.mindspeed
+ENGINE=actor_rollout_ref.actor.megatron
 
 DATA=(
     data.train_files="$DATA_DIR/dapo-math-17k/train.parquet"
     data.val_files="$DATA_DIR/aime2024/test.parquet"
     data.train_batch_size=512
-    data.gen_batch_size=768
     data.max_prompt_length="$PROMPT_LEN"
     data.max_response_length="$RESPONSE_LEN"
     data.filter_overlong_prompts=True
 )
 MODEL=(
-    model_engine=mindspeed
+    model_engine=megatron
     actor_rollout_ref.model.path="$MODEL_PATH"
     "$ENGINE.use_mbridge=True"
     "$ENGINE.vanilla_mbridge=True"
@@ -51,7 +50,7 @@ ALGORITHM=(
     algorithm.adv_estimator=grpo
     algorithm.filter_groups.enable=True
     algorithm.filter_groups.metric=acc
-    algorithm.filter_groups.max_num_gen_batches=10
+    algorithm.filter_groups.max_inflight_gen_batches=2
     reward.reward_manager.name=dapo
     actor_rollout_ref.actor.clip_ratio_low=0.2
     actor_rollout_ref.actor.clip_ratio_high=0.28

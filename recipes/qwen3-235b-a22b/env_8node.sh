@@ -6,5 +6,5 @@ export NPUS_PER_NODE="${NPUS_PER_NODE:-16}"
 # export MASTER_ADDR=10.0.0.1        # the head node, same value on every node
 # export SOCKET_IFNAME=enp189s0f0    # default: the interface that routes to MASTER_ADDR
 # export RAY_AUTH_TOKEN_PATH=~/.ray/auth_token   # a mode-600 copy of the head's token on each worker
-export MODEL_PATH="${MODEL_PATH:-$HOME/models/Qwen3-235B-A22B}"
+export MODEL_PATH="${MODEL_PATH:-${MODELS_DIR:-$HOME/models}/Qwen3-235B-A22B}"
 export DATA_DIR="${DATA_DIR:-$HOME/data}"

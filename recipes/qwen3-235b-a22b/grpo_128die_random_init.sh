@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Qwen3-235B-A22B GRPO with random init (throughput work without the 470 GB checkpoint), 2K prompts / 32K responses, 8 nodes x 16 dies (A3).
 #   bash ray_start_npu.sh recipes/qwen3-235b-a22b/grpo_128die_random_init.sh recipes/qwen3-235b-a22b/env_8node_random_init.sh
-# Training: MindSpeed/Megatron TP 4 x PP 8 (first/last stage 11 layers, 6 x 12 between) x EP 16, DP 4;
+# Training: Megatron (run through MindSpeed on NPU) TP 4 x PP 8 (first/last stage 11 layers, 6 x 12 between) x EP 16, DP 4;
 # everything offloaded while vLLM runs. Rollout: vLLM TP 4 x DP 32 with expert parallel 128 (one
 # replica over all dies), prefix caching on. GBS 512 x n 16 as in the reference.
 # Env: env_8node_random_init.sh
@@ -13,11 +13,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../internal/verl.sh"
 
 NNODES="${NNODES:-8}"
 NPUS_PER_NODE="${NPUS_PER_NODE:-16}"
-MODEL_PATH="${MODEL_PATH:-$HOME/models/Qwen3-235B-A22B}"
+MODEL_PATH="${MODEL_PATH:-${MODELS_DIR:-$HOME/models}/Qwen3-235B-A22B}"
 DATA_DIR="${DATA_DIR:-$HOME/data}"
 PROMPT_LEN=2048
 RESPONSE_LEN=32768
-ENGINE=actor_rollout_ref.actor.mindspeed
+ENGINE=actor_rollout_ref.actor.megatron
 
 DATA=(
     data.train_files="$DATA_DIR/deepscaler/train.parquet"
@@ -28,7 +28,7 @@ DATA=(
     data.filter_overlong_prompts=True
 )
 MODEL=(
-    model_engine=mindspeed
+    model_engine=megatron
     actor_rollout_ref.model.path="$MODEL_PATH"
     "$ENGINE.use_mbridge=True"
     "$ENGINE.vanilla_mbridge=True"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Qwen3-30B-A3B (MoE) GRPO on DeepScaleR, 2K prompts / 16K responses, 1 node x 16 dies (A3).
 #   bash ray_start_npu.sh recipes/qwen3-30b-a3b/grpo_16die.sh recipes/qwen3-30b-a3b/env_1node.sh
-# Training: MindSpeed/Megatron TP 4 x EP 16 (ETP 1; each die holds 8 experts), DP 4. Rollout: vLLM TP 4 x DP 4 with expert
+# Training: Megatron (run through MindSpeed on NPU) TP 4 x EP 16 (ETP 1; each die holds 8 experts), DP 4. Rollout: vLLM TP 4 x DP 4 with expert
 # parallel 16 (one replica over the node), prefix caching on.
 set -euo pipefail
 # shellcheck source=internal/verl.sh
@@ -9,11 +9,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../internal/verl.sh"
 
 NNODES="${NNODES:-1}"
 NPUS_PER_NODE="${NPUS_PER_NODE:-16}"
-MODEL_PATH="${MODEL_PATH:-$HOME/models/Qwen3-30B-A3B}"
+MODEL_PATH="${MODEL_PATH:-${MODELS_DIR:-$HOME/models}/Qwen3-30B-A3B}"
 DATA_DIR="${DATA_DIR:-$HOME/data}"
 PROMPT_LEN=2048
 RESPONSE_LEN=16384
-ENGINE=actor_rollout_ref.actor.mindspeed
+ENGINE=actor_rollout_ref.actor.megatron
 
 DATA=(
     data.train_files="$DATA_DIR/deepscaler/train.parquet"
@@ -24,7 +24,7 @@ DATA=(
     data.filter_overlong_prompts=True
 )
 MODEL=(
-    model_engine=mindspeed
+    model_engine=megatron
     actor_rollout_ref.model.path="$MODEL_PATH"
     "$ENGINE.use_mbridge=True"
     "$ENGINE.vanilla_mbridge=True"

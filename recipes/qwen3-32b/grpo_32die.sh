@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Qwen3-32B GRPO on DeepScaleR, 2K prompts / 32K responses, 2 nodes x 16 dies (A3).
 #   bash ray_start_npu.sh recipes/qwen3-32b/grpo_32die.sh recipes/qwen3-32b/env_2node.sh [override ...]
-# Training: MindSpeed/Megatron TP 8 x PP 2 (DP 2), weights/grads/optimizer offloaded while vLLM runs.
+# Training: Megatron (run through MindSpeed on NPU) TP 8 x PP 2 (DP 2), weights/grads/optimizer offloaded while vLLM runs.
 # Rollout: vLLM TP 8 (one KV head per die), 4 replicas, prefix caching on (a group shares its prompt).
 set -euo pipefail
 # shellcheck source=internal/verl.sh
@@ -9,7 +9,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../internal/verl.sh"
 
 NNODES="${NNODES:-2}"
 NPUS_PER_NODE="${NPUS_PER_NODE:-16}"
-MODEL_PATH="${MODEL_PATH:-$HOME/models/Qwen3-32B}"
+MODEL_PATH="${MODEL_PATH:-${MODELS_DIR:-$HOME/models}/Qwen3-32B}"
 DATA_DIR="${DATA_DIR:-$HOME/data}"
 PROMPT_LEN=2048
 RESPONSE_LEN=32768
@@ -24,21 +24,21 @@ DATA=(
     data.truncation=error
 )
 MODEL=(
-    model_engine=mindspeed
+    model_engine=megatron
     actor_rollout_ref.model.path="$MODEL_PATH"
-    actor_rollout_ref.actor.mindspeed.use_mbridge=True
-    actor_rollout_ref.actor.mindspeed.vanilla_mbridge=True
+    actor_rollout_ref.actor.megatron.use_mbridge=True
+    actor_rollout_ref.actor.megatron.vanilla_mbridge=True
 )
 TRAIN_PARALLEL=(
-    actor_rollout_ref.actor.mindspeed.tensor_model_parallel_size=8
-    actor_rollout_ref.actor.mindspeed.pipeline_model_parallel_size=2
-    actor_rollout_ref.actor.mindspeed.context_parallel_size=1
-    actor_rollout_ref.actor.mindspeed.param_offload=True
-    actor_rollout_ref.actor.mindspeed.grad_offload=True
-    actor_rollout_ref.actor.mindspeed.optimizer_offload=True
-    actor_rollout_ref.actor.mindspeed.override_transformer_config.recompute_granularity=full
-    actor_rollout_ref.actor.mindspeed.override_transformer_config.recompute_method=uniform
-    actor_rollout_ref.actor.mindspeed.override_transformer_config.recompute_num_layers=1
+    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=8
+    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
+    actor_rollout_ref.actor.megatron.context_parallel_size=1
+    actor_rollout_ref.actor.megatron.param_offload=True
+    actor_rollout_ref.actor.megatron.grad_offload=True
+    actor_rollout_ref.actor.megatron.optimizer_offload=True
+    actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full
+    actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=uniform
+    actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=1
 )
 ALGORITHM=(
     algorithm.adv_estimator=grpo
