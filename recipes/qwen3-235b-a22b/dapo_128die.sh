@@ -1,53 +1,15 @@
 #!/usr/bin/env bash
-# Qwen3-235B-A22B DAPO on DAPO-Math-17k (AIME 2024 validation) with real weights, 2K prompts / 32K responses, 8 nodes x 16 dies (A3).
+# Qwen3-235B-A22B DAPO on DAPO-Math-17k (AIME 2024 validation), 8 nodes x 16 dies: grpo_128die.sh with DAPO's algorithm and data.
 #   bash ray_start_npu.sh recipes/qwen3-235b-a22b/dapo_128die.sh recipes/qwen3-235b-a22b/env_8node.sh
-# Training: Megatron (run through MindSpeed on NPU) TP 4 x PP 8 (first/last stage 11 layers, 6 x 12 between) x EP 16, DP 4;
-# everything offloaded while vLLM runs. Rollout: vLLM TP 4 x DP 32 with expert parallel 128 (one
-# replica over all dies). DAPO: clip-higher 0.28, token-mean loss, dynamic sampling (groups with
-# all-equal accuracy are dropped and refilled), the dapo reward manager, no KL.
+# DAPO as verl 0.9.0's V1 trainer implements it: clip-higher 0.2 / 0.28, token-mean loss, dynamic
+# sampling (groups whose responses all score the same are dropped and refilled; 2 generation batches in
+# flight), the dapo reward manager (math_dapo's acc), no KL. The overlong penalty is not configured
+# (verl 0.9.0's RewardConfig has no reward_kwargs).
 set -euo pipefail
-# shellcheck source=internal/verl.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../../internal/verl.sh"
-
-NNODES="${NNODES:-8}"
-NPUS_PER_NODE="${NPUS_PER_NODE:-16}"
-MODEL_PATH="${MODEL_PATH:-${MODELS_DIR:-$HOME/models}/Qwen3-235B-A22B}"
 DATA_DIR="${DATA_DIR:-$HOME/data}"
-PROMPT_LEN=2048
-RESPONSE_LEN=32768
-ENGINE=actor_rollout_ref.actor.megatron
-
-DATA=(
+DAPO=(
     data.train_files="$DATA_DIR/dapo-math-17k/train.parquet"
     data.val_files="$DATA_DIR/aime2024/test.parquet"
-    data.train_batch_size=512
-    data.max_prompt_length="$PROMPT_LEN"
-    data.max_response_length="$RESPONSE_LEN"
-    data.filter_overlong_prompts=True
-)
-MODEL=(
-    model_engine=megatron
-    actor_rollout_ref.model.path="$MODEL_PATH"
-    "$ENGINE.use_mbridge=True"
-    "$ENGINE.vanilla_mbridge=True"
-)
-TRAIN_PARALLEL=(
-    "$ENGINE.tensor_model_parallel_size=4"
-    "$ENGINE.pipeline_model_parallel_size=8"
-    "$ENGINE.expert_model_parallel_size=16"
-    "$ENGINE.expert_tensor_parallel_size=1"
-    "$ENGINE.context_parallel_size=1"
-    "+$ENGINE.override_transformer_config.num_layers_in_first_pipeline_stage=11"
-    "+$ENGINE.override_transformer_config.num_layers_in_last_pipeline_stage=11"
-    "$ENGINE.override_transformer_config.recompute_granularity=full"
-    "$ENGINE.override_transformer_config.recompute_method=uniform"
-    "$ENGINE.override_transformer_config.recompute_num_layers=1"
-    "$ENGINE.param_offload=True"
-    "$ENGINE.grad_offload=True"
-    "$ENGINE.optimizer_offload=True"
-)
-ALGORITHM=(
-    algorithm.adv_estimator=grpo
     algorithm.filter_groups.enable=True
     algorithm.filter_groups.metric=acc
     algorithm.filter_groups.max_inflight_gen_batches=2
@@ -55,50 +17,7 @@ ALGORITHM=(
     actor_rollout_ref.actor.clip_ratio_low=0.2
     actor_rollout_ref.actor.clip_ratio_high=0.28
     actor_rollout_ref.actor.loss_agg_mode=token-mean
-    algorithm.use_kl_in_reward=False
-    actor_rollout_ref.actor.use_kl_loss=False
-    actor_rollout_ref.actor.optim.lr=1e-6
-    actor_rollout_ref.actor.ppo_mini_batch_size=64
-    actor_rollout_ref.actor.use_dynamic_bsz=True
-    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=$((PROMPT_LEN + RESPONSE_LEN))
-    actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=$((PROMPT_LEN + RESPONSE_LEN))
-)
-ROLLOUT=(
-    actor_rollout_ref.rollout.name=vllm
-    actor_rollout_ref.rollout.n=16
-    actor_rollout_ref.rollout.tensor_model_parallel_size=4
-    actor_rollout_ref.rollout.data_parallel_size=32
-    actor_rollout_ref.rollout.expert_parallel_size=128
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.85
-    actor_rollout_ref.rollout.max_model_len=$((PROMPT_LEN + RESPONSE_LEN))
-    actor_rollout_ref.rollout.max_num_batched_tokens=8192
-    actor_rollout_ref.rollout.max_num_seqs=256
-    actor_rollout_ref.rollout.enable_prefix_caching=True
-    actor_rollout_ref.rollout.load_format=auto
-)
-# MoE routing replay (verl 0.9.0, vime's "R3"): ROUTER_REPLAY=R3 replays the rollout's expert routing
-# in training to cut the train/rollout mismatch (watch the rollout-vs-actor log-prob metrics).
-ROUTER_REPLAY="${ROUTER_REPLAY:-disabled}"
-MOE=(
-    actor_rollout_ref.actor.router_replay.mode="$ROUTER_REPLAY"
-    actor_rollout_ref.rollout.enable_rollout_routing_replay="$([[ "$ROUTER_REPLAY" == R3 ]] && echo True || echo False)"
-)
-# Features of this project (each rejected until its release carries it; README "Features"):
-#   data.sampler.class_name=LengthAwareEpochSampler   ALL_TO_ALL_RESHARD=1   ROLLOUT_REBALANCE_ENABLE=1
-#   +actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config.method=sam
-FEATURES=()
-TRAINER=(
-    trainer.device=npu
-    trainer.nnodes="$NNODES"
-    trainer.n_gpus_per_node="$NPUS_PER_NODE"
-    trainer.project_name=npu-rl-qwen3-235b
     trainer.experiment_name=dapo-128die
-    'trainer.logger=["console"]'
-    trainer.total_epochs=1
-    trainer.save_freq=-1
     trainer.test_freq=10
-    trainer.val_before_train=False
 )
-
-run_verl "${DATA[@]}" "${MODEL[@]}" "${TRAIN_PARALLEL[@]}" "${ALGORITHM[@]}" "${ROLLOUT[@]}" \
-    "${MOE[@]}" "${FEATURES[@]}" "${TRAINER[@]}" "$@"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/grpo_128die.sh" "${DAPO[@]}" "$@"

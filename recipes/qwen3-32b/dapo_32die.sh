@@ -1,47 +1,15 @@
 #!/usr/bin/env bash
-# Qwen3-32B DAPO on DAPO-Math-17k (AIME 2024 validation), 2K prompts / 32K responses, 2 nodes x 16 dies (A3).
-#   bash ray_start_npu.sh recipes/qwen3-32b/dapo_32die.sh recipes/qwen3-32b/env_2node.sh [override ...]
-# Training: Megatron (run through MindSpeed on NPU) TP 8 x PP 2 (DP 2), weights/grads/optimizer offloaded while vLLM runs.
-# Rollout: vLLM TP 8 (one KV head per die), 4 replicas, prefix caching on (a group shares its prompt).
+# Qwen3-32B DAPO on DAPO-Math-17k (AIME 2024 validation), 2 nodes x 16 dies: grpo_32die.sh with DAPO's algorithm and data.
+#   bash ray_start_npu.sh recipes/qwen3-32b/dapo_32die.sh recipes/qwen3-32b/env_2node.sh
+# DAPO as verl 0.9.0's V1 trainer implements it: clip-higher 0.2 / 0.28, token-mean loss, dynamic
+# sampling (groups whose responses all score the same are dropped and refilled; 2 generation batches in
+# flight), the dapo reward manager (math_dapo's acc), no KL. The overlong penalty is not configured
+# (verl 0.9.0's RewardConfig has no reward_kwargs).
 set -euo pipefail
-# shellcheck source=internal/verl.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../../internal/verl.sh"
-
-NNODES="${NNODES:-2}"
-NPUS_PER_NODE="${NPUS_PER_NODE:-16}"
-MODEL_PATH="${MODEL_PATH:-${MODELS_DIR:-$HOME/models}/Qwen3-32B}"
 DATA_DIR="${DATA_DIR:-$HOME/data}"
-PROMPT_LEN=2048
-RESPONSE_LEN=32768
-
-DATA=(
+DAPO=(
     data.train_files="$DATA_DIR/dapo-math-17k/train.parquet"
     data.val_files="$DATA_DIR/aime2024/test.parquet"
-    data.train_batch_size=64
-    data.max_prompt_length="$PROMPT_LEN"
-    data.max_response_length="$RESPONSE_LEN"
-    data.filter_overlong_prompts=True
-    data.truncation=error
-)
-MODEL=(
-    model_engine=megatron
-    actor_rollout_ref.model.path="$MODEL_PATH"
-    actor_rollout_ref.actor.megatron.use_mbridge=True
-    actor_rollout_ref.actor.megatron.vanilla_mbridge=True
-)
-TRAIN_PARALLEL=(
-    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=8
-    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
-    actor_rollout_ref.actor.megatron.context_parallel_size=1
-    actor_rollout_ref.actor.megatron.param_offload=True
-    actor_rollout_ref.actor.megatron.grad_offload=True
-    actor_rollout_ref.actor.megatron.optimizer_offload=True
-    actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full
-    actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=uniform
-    actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=1
-)
-ALGORITHM=(
-    algorithm.adv_estimator=grpo
     algorithm.filter_groups.enable=True
     algorithm.filter_groups.metric=acc
     algorithm.filter_groups.max_inflight_gen_batches=2
@@ -49,45 +17,7 @@ ALGORITHM=(
     actor_rollout_ref.actor.clip_ratio_low=0.2
     actor_rollout_ref.actor.clip_ratio_high=0.28
     actor_rollout_ref.actor.loss_agg_mode=token-mean
-    algorithm.use_kl_in_reward=False
-    actor_rollout_ref.actor.use_kl_loss=False
-    actor_rollout_ref.actor.entropy_coeff=0
-    actor_rollout_ref.actor.optim.lr=1e-6
-    actor_rollout_ref.actor.ppo_mini_batch_size=16
-    actor_rollout_ref.actor.use_dynamic_bsz=True
-    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=$((PROMPT_LEN + RESPONSE_LEN))
-    actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=$((PROMPT_LEN + RESPONSE_LEN))
-)
-ROLLOUT=(
-    actor_rollout_ref.rollout.name=vllm
-    actor_rollout_ref.rollout.n=16
-    actor_rollout_ref.rollout.tensor_model_parallel_size=8
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.85
-    actor_rollout_ref.rollout.max_model_len=$((PROMPT_LEN + RESPONSE_LEN))
-    actor_rollout_ref.rollout.max_num_batched_tokens=8192
-    actor_rollout_ref.rollout.max_num_seqs=256
-    actor_rollout_ref.rollout.enable_prefix_caching=True
-    actor_rollout_ref.rollout.enable_chunked_prefill=True
-    actor_rollout_ref.rollout.load_format=auto
-)
-# Features of this project (each off until its release carries it; see README "Features"):
-#   length-aware resampler   data.sampler.class_name=LengthAwareEpochSampler
-#   SAM speculative decoding +actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config.method=sam
-#   skip old-log-prob        actor_rollout_ref.actor.recompute_old_log_prob=false
-#   env: VLLM_ROLLOUT_EARLY_STOP_ENABLE, ROLLOUT_REBALANCE_ENABLE
-FEATURES=()
-TRAINER=(
-    trainer.device=npu
-    trainer.nnodes="$NNODES"
-    trainer.n_gpus_per_node="$NPUS_PER_NODE"
-    trainer.project_name=npu-rl-qwen3-32b
     trainer.experiment_name=dapo-32die
-    'trainer.logger=["console"]'
-    trainer.total_epochs=1
-    trainer.save_freq=-1
     trainer.test_freq=10
-    trainer.val_before_train=False
 )
-
-run_verl "${DATA[@]}" "${MODEL[@]}" "${TRAIN_PARALLEL[@]}" "${ALGORITHM[@]}" "${ROLLOUT[@]}" \
-    "${FEATURES[@]}" "${TRAINER[@]}" "$@"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/grpo_32die.sh" "${DAPO[@]}" "$@"
