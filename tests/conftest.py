@@ -19,7 +19,7 @@ import pytest
 
 from npu_rl import REPO_ROOT
 from npu_rl.lock import load_lock
-from npu_rl.patches.series import load_series
+from npu_rl.patches.series import PATCHES_DIR, load_series
 from npu_rl.sources import Downloader, build_from_archive, cache_dir
 
 
@@ -123,3 +123,23 @@ def local_index(tmp_path):
     yield Index()
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def series_copy(tmp_path):
+    """A copy of patches/ to modify."""
+    dest = tmp_path / "patches"
+    shutil.copytree(PATCHES_DIR, dest)
+    return dest
+
+
+@pytest.fixture
+def one_patch_series(series_copy):
+    """The series copy with verl trimmed to its first patch: tests that add patches keep their meaning
+    however long the real series grows."""
+    d = series_copy / "verl"
+    first, *rest = [ln for ln in (d / "series").read_text().splitlines() if ln and not ln.startswith("#")]
+    for name in rest:
+        (d / name).unlink()
+    (d / "series").write_text(first + "\n")
+    return series_copy

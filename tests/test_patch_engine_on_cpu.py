@@ -3,7 +3,6 @@
 Nothing here mocks git or the archives; the trees are the verified upstream archives unpacked.
 """
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ from npu_rl.errors import ConflictError, TreeStateError
 from npu_rl.gittree import PatchApplyError, Tree, git
 from npu_rl.patches import engine, export
 from npu_rl.patches.cli import main as patches_main
-from npu_rl.patches.series import PATCHES_DIR, load_series
+from npu_rl.patches.series import load_series
 from tests.conftest import run_script
 
 HCCL = "verl/checkpoint_engine/hccl_checkpoint_engine.py"
@@ -29,25 +28,6 @@ def baseline_hashes(sources: Path) -> dict[str, str]:
 def cli(*args, sources, patches=None):
     extra = ["--sources", str(sources)] + (["--patches", str(patches)] if patches else [])
     return patches_main([*args, *extra])
-
-
-@pytest.fixture
-def series_copy(tmp_path):
-    dest = tmp_path / "patches"
-    shutil.copytree(PATCHES_DIR, dest)
-    return dest
-
-
-@pytest.fixture
-def one_patch_series(series_copy):
-    """The series copy with verl trimmed to its first patch: tests that add patches keep their meaning
-    however long the real series grows."""
-    d = series_copy / "verl"
-    first, *rest = [ln for ln in (d / "series").read_text().splitlines() if ln and not ln.startswith("#")]
-    for name in rest:
-        (d / name).unlink()
-    (d / "series").write_text(first + "\n")
-    return series_copy
 
 
 def test_every_patch_applies_and_twice_is_identical(sources, patched_upstreams, capsys):

@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from npu_rl.errors import SeriesError
-from npu_rl.patches.series import PATCHES_DIR, load_series, normalize_newlines, series_upstreams
+from npu_rl.patches.series import load_series, normalize_newlines, series_upstreams
 
 
 def test_repository_series_are_valid(lock):
@@ -24,25 +24,6 @@ def test_first_patch_is_the_hccl_backport():
     assert first.files == ("verl/checkpoint_engine/hccl_checkpoint_engine.py",)
     assert "7487" in first.meta["Upstream"]
     assert first.tests  # CI runs the upstream tests it names
-
-
-@pytest.fixture
-def series_copy(tmp_path):
-    dest = tmp_path / "patches"
-    shutil.copytree(PATCHES_DIR, dest)
-    return dest
-
-
-@pytest.fixture
-def one_patch_series(series_copy):
-    """The series copy with verl trimmed to its first patch: tests that add patches keep their meaning
-    however long the real series grows."""
-    d = series_copy / "verl"
-    first, *rest = [ln for ln in (d / "series").read_text().splitlines() if ln and not ln.startswith("#")]
-    for name in rest:
-        (d / name).unlink()
-    (d / "series").write_text(first + "\n")
-    return series_copy
 
 
 def test_unlisted_patch_is_refused(series_copy):
