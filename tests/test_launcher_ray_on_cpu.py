@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -177,3 +178,19 @@ def _port_open(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def test_token_auth_on_a_fresh_machine_creates_a_private_token_and_never_prints_it(job, tmp_path):
+    env, _ = job
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**env, "HOME": str(home)}
+    env.pop("RAY_AUTH_MODE")  # the launcher's default: token authentication on
+    r = _launch(env, str(RECIPE))
+    assert r.returncode == 0, r.stdout
+    token = home / ".ray" / "auth_token"
+    assert token.is_file() and (token.stat().st_mode & 0o777) == 0o600
+    secret = token.read_text().strip()
+    assert secret and secret not in r.stdout
+    assert secret not in "".join(p.read_text() for p in Path(env["LOG_DIR"]).rglob("*.log") if p.is_file())
+    assert re.search(r"RAY_AUTH_MODE\s+token", r.stdout)

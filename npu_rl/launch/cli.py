@@ -228,6 +228,7 @@ class Launcher:
             head=True, topo_address=topo.address, node_ip=topo.node_ip, port=topo.master_port,
             npus=topo.npus_per_node, extra=self.env.get("RAY_START_ARGS", ""),
         )  # fmt: skip
+        cluster.ensure_head_token(self.ray_exe(), self.env, self.log)
         node = cluster.RayNodeProcess(self.ray_exe(), args, run / "ray-head.log", self.env)
         with _Signals(self.log):
             try:

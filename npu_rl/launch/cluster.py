@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from npu_rl.errors import ClusterBusy, NodesMissing
+from npu_rl.errors import ClusterBusy, LaunchError, NodesMissing
 
 Log = Callable[[str], None]
 
@@ -123,6 +123,30 @@ class RayNodeProcess:
             pass
         if self.proc.poll() is None:
             self.proc.wait(timeout=10)
+
+
+def ensure_head_token(ray_exe: str, env: Mapping[str, str], log: Log) -> None:
+    """Create the cluster's Ray token on the head when token auth is on and none exists yet.
+
+    ``ray start --head`` refuses to create one (it requires an existing token in token mode), so the
+    launcher asks Ray's own CLI (``ray get-auth-token --generate``), discards its output (it prints
+    the token), and makes the file readable by its owner only.
+
+    Raises:
+        LaunchError: Ray could not generate the token.
+    """
+    if env.get("RAY_AUTH_MODE") != "token" or env.get("RAY_AUTH_TOKEN") or env.get("RAY_AUTH_TOKEN_PATH"):
+        return
+    path = Path(env.get("HOME", str(Path.home()))) / ".ray" / "auth_token"
+    if path.is_file():
+        return
+    r = subprocess.run(
+        [ray_exe, "get-auth-token", "--generate"], env=dict(env), capture_output=True, text=True, check=False
+    )
+    if r.returncode != 0 or not path.is_file():
+        raise LaunchError(f"`ray get-auth-token --generate` failed (exit {r.returncode}); set RAY_AUTH_TOKEN_PATH")
+    path.chmod(0o600)
+    log(f"generated this cluster's Ray token in {path} (mode 600); workers need the same file")
 
 
 def ray_start_args(*, head: bool, topo_address: str, node_ip: str, port: int, npus: int, extra: str) -> list[str]:

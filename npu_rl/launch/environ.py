@@ -102,8 +102,8 @@ def ray_auth(env: Mapping[str, str], topo: Topology) -> tuple[dict[str, str], li
         )
     if topo.nnodes > 1:
         notes.append(
-            f"Ray will create a token in {path}; workers need the same token (shared home, or "
-            "RAY_AUTH_TOKEN_PATH to a mode-600 copy)"
+            f"the head creates this cluster's Ray token in {path}; workers need the same token (shared home, "
+            "or RAY_AUTH_TOKEN_PATH to a mode-600 copy)"
         )
     return {"RAY_AUTH_MODE": "token"}, notes
 
