@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -255,7 +256,7 @@ def load_online(spec: Spec, hub: str, repo: str | None = None) -> list[dict]:
             ds = MsDataset.load(repo, subset_name=spec.config, split=spec.split)
     except ImportError as e:
         lib = "datasets" if hub == "hf" else "modelscope"
-        raise DataError(f"--hub {hub} needs the {lib} library: pip install {lib} ({e})") from None
+        raise DataError(f"--hub {hub} needs the {lib} library: {sys.executable} -m pip install {lib} ({e})") from None
     except Exception as e:  # noqa: BLE001 - network and hub errors vary by library
         raise DataError(f"downloading {repo} from {hub} failed: {e}; convert a local copy with --input") from None
     return [dict(r) for r in ds]

@@ -83,7 +83,7 @@ def download(repo: str, dest: Path, hub: str = "modelscope", config_only: bool =
             snapshot_download(repo, local_dir=str(dest), allow_patterns=patterns)
     except ImportError as e:
         lib = "modelscope" if hub == "modelscope" else "huggingface_hub"
-        raise ModelError(f"--hub {hub} needs the {lib} library: pip install {lib} ({e})") from None
+        raise ModelError(f"--hub {hub} needs the {lib} library: {sys.executable} -m pip install {lib} ({e})") from None
     except Exception as e:  # noqa: BLE001 - network/auth errors differ per library
         raise ModelError(f"downloading {repo} from {hub} failed: {e}") from None
     return dest

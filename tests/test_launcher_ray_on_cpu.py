@@ -58,6 +58,7 @@ def job(tmp_path):
         "NPU_RL_TRAIN_PYTHON": sys.executable,
         "RAY_START_ARGS": f"--temp-dir={ray_tmp} --num-cpus=1 --include-dashboard=false",
         "NPU_RL_WORKER_POLL": "1",
+        "NPU_RL_ALLOW_NO_NPU": "1",  # this machine has no NPU: the launcher is what is tested
     }
     env.pop("RAY_ADDRESS", None)
     yield env, ray_tmp
@@ -194,3 +195,10 @@ def test_token_auth_on_a_fresh_machine_creates_a_private_token_and_never_prints_
     assert secret and secret not in r.stdout
     assert secret not in "".join(p.read_text() for p in Path(env["LOG_DIR"]).rglob("*.log") if p.is_file())
     assert re.search(r"RAY_AUTH_MODE\s+token", r.stdout)
+
+
+def test_a_real_run_on_a_machine_without_npus_is_refused(job):
+    env, _ = job
+    env = {k: v for k, v in env.items() if k != "NPU_RL_ALLOW_NO_NPU"}
+    r = _launch(env, str(RECIPE))
+    assert r.returncode == 78 and "this node has no NPU" in r.stdout and "--dry-run" in r.stdout

@@ -87,6 +87,7 @@ class Launcher:
         self.env = dict(env)
         self.run_dir: Path | None = None
         self._log_file = None
+        self._early: list[str] = []
 
     # -- output ---------------------------------------------------------------------------------------
     def log(self, msg: str) -> None:
@@ -95,6 +96,8 @@ class Launcher:
         if self._log_file:
             self._log_file.write(line + "\n")
             self._log_file.flush()
+        else:
+            self._early.append(line)  # written to launcher.log once the run directory exists
 
     def open_run_dir(self, topo: Topology) -> Path:
         base = Path(self.env.get("LOG_DIR") or REPO_ROOT / "logs")
@@ -110,6 +113,9 @@ class Launcher:
             raise LaunchError(f"cannot create a run directory under {base}")
         self.run_dir = run
         self._log_file = open(run / "launcher.log", "a")  # noqa: SIM115 - closed in close()
+        self._log_file.write("".join(line + "\n" for line in self._early))
+        self._log_file.flush()
+        self.env["NPU_RL_RUN_DIR"] = str(run)  # run_verl points Hydra's output folder here
         return run
 
     def close(self) -> None:
@@ -120,6 +126,12 @@ class Launcher:
     # -- setup ----------------------------------------------------------------------------------------
     def resolve(self, dry_run: bool = False) -> Topology:
         topo = resolve_topology(self.env, dry_run=dry_run)
+        if not dry_run and not topo.devices_found and self.env.get("NPU_RL_ALLOW_NO_NPU") != "1":
+            # verl would fall back to another device type and hang instead of failing.
+            raise TopologyError(
+                "this node has no NPU (no /dev/davinci<N>, no npu-smi): a real run cannot train here. Check a recipe "
+                "with --dry-run; NPU_RL_ALLOW_NO_NPU=1 starts Ray anyway (testing the launcher on CPU)"
+            )
         self.env.update(derived_env(topo, self.env))
         try:
             auth, notes = ray_auth(self.env, topo)
@@ -252,7 +264,7 @@ class Launcher:
         timeout = _seconds(self.env, "NODE_WAIT_TIMEOUT", 300)
         cmd = [sys.executable, "-m", "npu_rl.launch", "wait", f"--address={topo.address}"]
         cmd += [f"--nodes={topo.nnodes}", f"--npus-per-node={topo.npus_per_node}", f"--timeout={timeout:g}"]
-        rc = self._tee(cmd, self.env, None)
+        rc = self._tee(cmd, self.env, self.run_dir / "launcher.log" if self.run_dir else None)
         if rc == NodesMissing.exit_code:
             raise NodesMissing(f"not every node joined within NODE_WAIT_TIMEOUT={timeout:g}s (see above)")
         if rc:

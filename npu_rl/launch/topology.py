@@ -39,6 +39,7 @@ class Topology:
     node_ip: str
     is_head: bool
     notes: tuple[str, ...] = ()
+    devices_found: bool = True  # False when no /dev/davinci* and no npu-smi: a machine without NPUs
 
     @property
     def world_size(self) -> int:
@@ -225,4 +226,6 @@ def resolve_topology(env: Mapping[str, str], probe: Probe | None = None, dry_run
             "other nodes cannot reach it. Set MASTER_ADDR to the head's cluster-network address and "
             "SOCKET_IFNAME to that network's interface (see `ip -o -4 addr`)"
         )
-    return Topology(nnodes, master, port, npus, npus_source, ifname, node_ip, is_head, tuple(notes))
+    return Topology(
+        nnodes, master, port, npus, npus_source, ifname, node_ip, is_head, tuple(notes), devices_found=bool(counted)
+    )
