@@ -281,8 +281,6 @@ def build_parser():
 
 
 def main(argv: list[str] | None = None) -> int:
-    import sys
-
     a = build_parser().parse_args(argv)
     spec = SPECS[a.dataset]
     split = a.split or ("test" if a.dataset in ("math500", "aime2024", "aime2025") else "train")

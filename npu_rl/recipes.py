@@ -35,15 +35,18 @@ def discover(root: Path = RECIPES_DIR) -> list[tuple[Path, Path | None]]:
     return pairs
 
 
-def dry_run(recipe: Path, env_script: Path | None, python: str = sys.executable) -> tuple[int, str, dict]:
-    """``ray_start_npu.sh --dry-run`` of one recipe: (exit code, output, the preflight's facts)."""
+def dry_run(
+    recipe: Path, env_script: Path | None = None, *extra: str, python: str = sys.executable
+) -> tuple[int, str, dict]:
+    """``ray_start_npu.sh --dry-run RECIPE [ENV_SCRIPT] [EXTRA ...]`` with the topology variables of the
+    calling shell removed: (exit code, stdout + stderr, the preflight's facts; empty if it did not run)."""
     with tempfile.TemporaryDirectory() as tmp:
         facts_path = Path(tmp) / "facts.json"
         env = {k: v for k, v in os.environ.items() if k not in ("NNODES", "NPUS_PER_NODE", "MASTER_ADDR")}
         env.update(NPU_RL_TRAIN_PYTHON=python, NPU_RL_PLAN_JSON=str(facts_path))
         cmd = ["bash", str(REPO_ROOT / "ray_start_npu.sh"), "--dry-run", str(recipe)]
         cmd += [str(env_script)] if env_script else []
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+        r = subprocess.run([*cmd, *extra], env=env, capture_output=True, text=True, timeout=600, check=False)
         facts = json.loads(facts_path.read_text()) if facts_path.exists() else {}
     return r.returncode, r.stdout + r.stderr, facts
 

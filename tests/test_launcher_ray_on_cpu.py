@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from npu_rl import REPO_ROOT
+from npu_rl.launch.cluster import port_open
 
 pytest.importorskip("ray")
 
@@ -133,7 +134,7 @@ def test_case1_gpu_registered_node_is_named_and_a_foreign_cluster_is_not_reused(
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
-        while not _port_open(int(port)):
+        while not port_open("127.0.0.1", int(port)):
             assert foreign.poll() is None and time.monotonic() < deadline, "the test's Ray head did not start"
             time.sleep(0.5)
         w = subprocess.run(
@@ -171,14 +172,6 @@ def test_sigterm_stops_the_recipe_and_ray(job):
     err, _ = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "SIGTERM: stopping exit_code.sh" in err and "stopping Ray" in err
-
-
-def _port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 def test_token_auth_on_a_fresh_machine_creates_a_private_token_and_never_prints_it(job, tmp_path):

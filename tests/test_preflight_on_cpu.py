@@ -15,6 +15,7 @@ import pytest
 from npu_rl import REPO_ROOT
 from npu_rl.preflight import run_preflight
 from npu_rl.preflight.model import MODELS_DIR, load_model_facts
+from npu_rl.recipes import dry_run as recipe_dry_run
 
 pytest.importorskip("verl")
 
@@ -44,15 +45,10 @@ BASE = [
 ]
 
 
-def dry_run(recipe, env_script=None, *overrides, env=None):
+def dry_run(recipe, env_script=None, *overrides):
     """``bash ray_start_npu.sh --dry-run``; returns (exit code, stdout+stderr)."""
-    args = ["bash", str(REPO_ROOT / "ray_start_npu.sh"), "--dry-run", str(recipe)]
-    args += [str(env_script)] if env_script else []
-    full_env = {k: v for k, v in __import__("os").environ.items() if k not in ("NNODES", "MASTER_ADDR")}
-    full_env.update(env or {})
-    full_env["NPU_RL_TRAIN_PYTHON"] = sys.executable
-    r = subprocess.run([*args, *overrides], env=full_env, capture_output=True, text=True, timeout=300, check=False)
-    return r.returncode, r.stdout + r.stderr
+    rc, out, _facts = recipe_dry_run(recipe, env_script, *overrides)
+    return rc, out
 
 
 def check(*extra, env=ENV_2X16, base=BASE):
@@ -239,7 +235,6 @@ def test_memory_estimate_warns_with_the_numbers():
 @pytest.fixture(scope="module")
 def shipped_recipe_plans():
     from npu_rl.recipes import discover
-    from npu_rl.recipes import dry_run as recipe_dry_run
 
     return [(recipe, env, *recipe_dry_run(recipe, env)) for recipe, env in discover()]
 

@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from npu_rl.features import feature_state
+from npu_rl.features import env_flag, feature_state
 from npu_rl.preflight import checks
 from npu_rl.preflight.compose import Cli, check_overrides, compose_config, split_cli
-from npu_rl.preflight.model import MODELS_DIR, ModelFacts, find_model_config, shipped_models
+from npu_rl.preflight.model import MODELS_DIR, ModelFacts, find_model_config, load_model_facts, shipped_models
 from npu_rl.preflight.report import Report
 from npu_rl.table import format_table
 
@@ -83,8 +83,6 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     model_path = str(sel(cfg, "actor_rollout_ref.model.path", ""))
     override = sel(cfg, "actor_rollout_ref.model.override_config", {}) or {}
     model = _model_facts(model_path, env, report, _plain(override))
-    from npu_rl.features import env_flag
-
     _check_files(cfg, model_path, env, report, config_only=bool(env_flag(env, "NPU_RL_RANDOM_INIT")))
     world = checks.check_resources(cfg, env, report)
     lay = checks.train_layout(cfg, world)
@@ -243,10 +241,7 @@ def _model_facts(model_path: str, env: Mapping[str, str], report: Report, overri
             "config.json",
         )
     try:
-        import json
-
-        cfg = {**json.loads(path.read_text()), **override}
-        return ModelFacts.from_config(cfg, str(path) + (" + model.override_config" if override else ""))
+        return load_model_facts(path, override)
     except (OSError, ValueError, KeyError) as e:
         report.error(key, f"cannot read model facts from {path}: {e!r}", "point NPU_RL_MODEL_META at a config.json")
         return None

@@ -6,6 +6,8 @@ stops at the first finding. Rules follow the code that would fail at run time (c
 
 from __future__ import annotations
 
+import difflib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -537,8 +539,6 @@ def check_engine_available(cfg, report: Report) -> None:
 
 def registered_reward_managers() -> set[str]:
     """Names registered with ``@register("...")`` in the installed verl's reward managers (read, not imported)."""
-    import re
-
     import verl
 
     root = Path(verl.__file__).parent
@@ -553,8 +553,6 @@ def check_reward_and_dapo(cfg, report: Report) -> None:
     """Reward manager name exists; DAPO dynamic sampling as verl 0.9.0's V1 trainer reads it
     (``trainer_base.py``: ``data.gen_batch_size`` forced to 1, ``max_num_gen_batches`` ignored,
     ``max_inflight_gen_batches`` bounds the concurrent generation batches, a metric is required)."""
-    import difflib
-
     key = "reward.reward_manager.name"
     if str(sel(cfg, "reward.reward_manager.source", "register")) == "register":
         name, names = str(sel(cfg, key, "naive")), registered_reward_managers()

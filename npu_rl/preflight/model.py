@@ -112,10 +112,11 @@ def find_model_config(model_path: str, env: dict[str, str]) -> Path | None:
     return MODELS_DIR / f"{max(matches, key=len)}.json" if matches else None
 
 
-def load_model_facts(path: Path) -> ModelFacts:
-    """Read ``path`` (a config.json).
+def load_model_facts(path: Path, override: dict | None = None) -> ModelFacts:
+    """Read ``path`` (a config.json), with ``override`` (verl's ``model.override_config``) applied on top.
 
     Raises:
         OSError, ValueError, KeyError: unreadable file, bad JSON, missing field.
     """
-    return ModelFacts.from_config(json.loads(path.read_text()), str(path))
+    source = str(path) + (" + model.override_config" if override else "")
+    return ModelFacts.from_config({**json.loads(path.read_text()), **(override or {})}, source)
