@@ -98,6 +98,8 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         report.error(key, msg, fix)
     for key, msg, fix in feats.warnings:
         report.warn(key, msg, fix)
+    if any(f.config and f.config[0] == f"{checks.A}.recompute_old_log_prob" for f in feats.on):
+        checks.check_skip_old_log_prob(cfg, report)
     plan = [
         ("config", f"{cli.config_name} ({cli.config_dir})"),
         ("cluster", f"{sel(cfg, 'trainer.nnodes')} node(s) x {sel(cfg, 'trainer.n_gpus_per_node')} dies = {world}"),
@@ -109,8 +111,6 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     checks.check_layout(cfg, lay, roll, model, npus_per_node, report)
     if any(f.env == "ALL_TO_ALL_RESHARD" for f in feats.on):
         checks.check_reshard_layout(lay, roll, model, report)
-    if any(f.config and f.config[0] == f"{checks.A}.recompute_old_log_prob" for f in feats.on):
-        checks.check_skip_old_log_prob(cfg, report)
     if any(f.env == "NPU_RL_RANDOM_INIT" for f in feats.on):
         checks.check_random_init(cfg, report)
     est = checks.estimate_memory(cfg, lay, roll, model)
