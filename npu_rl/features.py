@@ -99,7 +99,7 @@ FEATURES: tuple[Feature, ...] = (
         "vLLM's engine core steps with automatic GC off and collects between steps at a bounded cadence",
         9,
         env="NPU_RL_ENGINE_GC",
-        params=("NPU_RL_ENGINE_GC_EVERY", "NPU_RL_ENGINE_GC_MAX_GEN0"),
+        params=("NPU_RL_ENGINE_GC_EVERY", "NPU_RL_ENGINE_GC_MAX_GEN0", "NPU_RL_ENGINE_GC_FULL_GROWTH"),
         patches=("vllm/0001-vllm-feature-engine-gc.patch",),
     ),
     Feature(
