@@ -174,7 +174,9 @@ def problems(config: Any) -> list[tuple[str, str, str]]:
     except NpuRlError as e:
         out.append(("algorithm.adv_estimator", str(e), "use one of verl's estimators (grpo, gae, rloo, ...)"))
     if bool(_sel(config, "distillation.enabled", False)):
-        out.append((KEY, f"{WHY}; distillation.enabled=true reads the old log-probs", f"turn distillation off {fix_tail}"))
+        out.append(
+            (KEY, f"{WHY}; distillation.enabled=true reads the old log-probs", f"turn distillation off {fix_tail}")
+        )
     return out
 
 

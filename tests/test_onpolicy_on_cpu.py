@@ -66,7 +66,9 @@ def compose(*overrides: str):
 def actor_config(recompute: bool, **extra: str):
     from verl.utils.config import omega_conf_to_dataclass
 
-    ov = [*ON_POLICY, f"{KEY}={str(recompute).lower()}"] + [f"actor_rollout_ref.actor.{k}={v}" for k, v in extra.items()]
+    ov = [*ON_POLICY, f"{KEY}={str(recompute).lower()}"] + [
+        f"actor_rollout_ref.actor.{k}={v}" for k, v in extra.items()
+    ]
     return omega_conf_to_dataclass(compose(*ov).actor_rollout_ref.actor)
 
 
@@ -127,7 +129,6 @@ def make_batch(batch: int = 6, prompt: int = 5, max_resp: int = 7, vocab: int = 
 def loss_and_grad(policy, config, td, flat, seq_lens, old_log_probs=None):
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.losses import ppo_loss
-    from verl.workers.utils.padding import no_padding_2_padding
 
     data = td.clone()
     tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=int(td["response_mask"].sum()), global_batch_size=len(td))
@@ -138,7 +139,6 @@ def loss_and_grad(policy, config, td, flat, seq_lens, old_log_probs=None):
     loss, metrics = ppo_loss(copy.deepcopy(config), {"log_probs": lp, "entropy": ent}, data)
     loss.backward()
     grads = torch.cat([p.grad.flatten() for p in policy.parameters()])
-    _ = no_padding_2_padding  # the same slicing ppo_loss applies, used below for the recompute
     return loss.detach(), grads, metrics
 
 
@@ -253,7 +253,10 @@ def test_estimators_reading_old_log_probs_are_found_by_signature():
 def test_generated_yamls_match_verls_generator():
     """scripts/generate_trainer_config.sh (upstream, not in the sdist) flattens ppo_trainer.yaml with
     scripts/print_cfg.py --cfg job; the patched _generated_*.yaml must equal that output."""
-    for out, arg in [("_generated_ppo_trainer.yaml", []), ("_generated_ppo_megatron_trainer.yaml", ["model_engine=megatron"])]:
+    for out, arg in [
+        ("_generated_ppo_trainer.yaml", []),
+        ("_generated_ppo_megatron_trainer.yaml", ["model_engine=megatron"]),
+    ]:
         r = subprocess.run(
             [sys.executable, "scripts/print_cfg.py", "--cfg", "job", *arg],
             cwd=VERL_ROOT, capture_output=True, text=True, timeout=120, check=True,
