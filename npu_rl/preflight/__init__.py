@@ -263,6 +263,12 @@ def _verl_validate(cfg, report: Report, injected: list[str]) -> None:
                 if node is not None and leaf in node:
                     del node[leaf]
 
+    if OmegaConf.select(cfg, f"{checks.A}.recompute_old_log_prob") is False:
+        # the patched validate_config raises on an invalid on-policy shortcut and stops there;
+        # check_skip_old_log_prob reports those rules, so let verl's other checks run
+        cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+        OmegaConf.update(cfg, f"{checks.A}.recompute_old_log_prob", True)
+
     buf = io.StringIO()
     try:
         with contextlib.redirect_stdout(buf), warnings.catch_warnings():
