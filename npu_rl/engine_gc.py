@@ -136,7 +136,8 @@ def _param(env: Mapping[str, str], key: str, kind: type = int) -> float:
     try:
         value = kind(raw)
     except ValueError:
-        raise NpuRlError(f"{key}={raw!r} is not a {kind.__name__}: set a positive number or unset it") from None
+        what = "whole number" if kind is int else "number"
+        raise NpuRlError(f"{key}={raw!r} is not a {what}: set a positive {what} or unset it") from None
     if not value > 0:
         raise NpuRlError(f"{key}={value} must be > 0")
     return value

@@ -265,3 +265,21 @@ def test_generated_yamls_match_verls_generator():
         shipped = (CONFIG_DIR / out).read_text()
         assert shipped.split("\n\n", 1)[1] == body, f"{out} is stale"
         assert "recompute_old_log_prob: true" in shipped
+
+
+def test_preflight_checks_the_gc_and_progress_variables():
+    env = {
+        **PREFLIGHT_ENV,
+        "NPU_RL_ENGINE_GC": "1",
+        "NPU_RL_ENGINE_GC_EVERY": "often",
+        "NPU_RL_ROLLOUT_PROGRESS": "1",
+        "NPU_RL_ROLLOUT_PROGRESS_INTERVAL": "-5",
+    }
+    r = run_preflight(PREFLIGHT_BASE, env)
+    errs = {p.key: p.message for p in r.report.errors}
+    assert "'often' is not a whole number" in errs["NPU_RL_ENGINE_GC_EVERY"]
+    assert "must be > 0" in errs["NPU_RL_ROLLOUT_PROGRESS_INTERVAL"]
+    ok = run_preflight(PREFLIGHT_BASE, {**PREFLIGHT_ENV, "NPU_RL_ENGINE_GC": "1", "NPU_RL_ROLLOUT_PROGRESS": "1"})
+    assert ok.ok, ok.render()
+    plan = dict(ok.plan)["features on"]
+    assert "no GC pauses in decode steps" in plan and "rollout progress" in plan

@@ -100,6 +100,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         report.warn(key, msg, fix)
     if any(f.config and f.config[0] == f"{checks.A}.recompute_old_log_prob" for f in feats.on):
         checks.check_skip_old_log_prob(cfg, report)
+    checks.check_rollout_hygiene(env, report)
     plan = [
         ("config", f"{cli.config_name} ({cli.config_dir})"),
         ("cluster", f"{sel(cfg, 'trainer.nnodes')} node(s) x {sel(cfg, 'trainer.n_gpus_per_node')} dies = {world}"),
