@@ -162,8 +162,16 @@ def test_shortcut_gives_the_same_loss_and_gradient_as_the_recompute(loss_mode):
     assert grad_ref.abs().sum() > 0
     torch.testing.assert_close(loss_skip, loss_ref, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(grad_skip, grad_ref, rtol=1e-5, atol=1e-7)
-    # the recompute pass reported actor/entropy; with the shortcut the update pass does
-    assert "actor/entropy" in metrics and "actor/entropy_loss" in metrics
+    # the recompute pass reported actor/entropy (trainer_base: agg_loss over the batch); the update pass now does
+    from verl.trainer.ppo.core_algos import agg_loss
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    with torch.no_grad():
+        ent = no_padding_2_padding(policy(flat, seq_lens)[1], td)
+    cfg = actor_config(True, **extra)
+    expect = agg_loss(loss_mat=ent, loss_mask=td["response_mask"], loss_agg_mode=cfg.loss_agg_mode)
+    assert metrics["actor/entropy"] is not metrics["actor/entropy_loss"]  # separate Metric objects (they append)
+    assert metrics["actor/entropy"].aggregate() == pytest.approx(expect.item(), rel=1e-5)
 
 
 def test_the_comparison_sees_a_stale_anchor():
