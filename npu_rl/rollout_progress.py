@@ -14,7 +14,7 @@ shown as
 
 - a tqdm bar (responses done / total) when stderr is a terminal, else one line every
   ``NPU_RL_ROLLOUT_PROGRESS_INTERVAL`` seconds (default 60) and a final line when nothing is in flight;
-- responses: trajectories whose outputs reached TransferQueue; their total is groups x n, with n
+- responses: sessions (``{uid}_{session}``) whose outputs reached TransferQueue; their total is groups x n, with n
   learned from finished groups (distinct sessions per group) and shown as "?" before the first one;
 - tok/s: response tokens of finished trajectories per second since this partition's rollout started
   (first seen in flight; the poll interval bounds the error);
@@ -114,7 +114,8 @@ class RolloutProgress:
         n = _sessions_per_group(snap.finished, snap.trajectories.keys())
         if n is not None:
             ro.n = max(ro.n or 0, n)
-        done = len(snap.trajectories)
+        # sessions, not outputs: a multi-turn agent loop may emit several outputs per session
+        done = len({key.rpartition("_")[0] for key in snap.trajectories})
         lens = [int(t.get("response_len", 0) or 0) for t in snap.trajectories.values()]
         tokens, longest = sum(lens), max(lens, default=0)
         elapsed = max(now - ro.start, 1e-9)

@@ -167,3 +167,13 @@ def test_patched_replay_buffer_is_silent_when_off(monkeypatch):
     rb = rbmod.ReplayBuffer("sync", {}, 8, "drop", {}, poll_interval=0.0)
     rb._sync_metadata_from_transfer_queue()
     assert rp._READ_ENV and rp._REPORTER is None and rb.finished_keys["train"] == {"u1"}
+
+
+def test_multi_output_sessions_count_once():
+    clock, out = Clock(), io.StringIO()
+    p = RolloutProgress(stream=out, tty=False, clock=clock)
+    outputs = {"a_0_0": {"response_len": 5}, "a_0_1": {"response_len": 7}, "a_1_0": {"response_len": 3}}
+    p.observe("train", snap(running=["b"]))
+    clock.t += 1
+    text = p.observe("train", snap(running=["b"], finished=["a"], traj=outputs))
+    assert text.startswith("rollout train: 2/4 responses, 1/2 groups, 15 tok/s, longest 7 tok")
