@@ -92,6 +92,23 @@ FEATURES: tuple[Feature, ...] = (
         "on-policy updates use log_prob.detach() instead of a second forward pass",
         9,
         config=("actor_rollout_ref.actor.recompute_old_log_prob", "false"),
+        patches=("verl/0003-verl-feature-skip-old-log-prob.patch",),
+    ),
+    Feature(
+        "no GC pauses in decode steps",
+        "vLLM's engine core steps with automatic GC off and collects between steps at a bounded cadence",
+        9,
+        env="NPU_RL_ENGINE_GC",
+        params=("NPU_RL_ENGINE_GC_EVERY", "NPU_RL_ENGINE_GC_MAX_GEN0", "NPU_RL_ENGINE_GC_FULL_GROWTH"),
+        patches=("vllm/0001-vllm-feature-engine-gc.patch",),
+    ),
+    Feature(
+        "rollout progress",
+        "progress bar (TTY) or periodic line during generation: requests done/total, tokens/s, longest response",
+        9,
+        env="NPU_RL_ROLLOUT_PROGRESS",
+        params=("NPU_RL_ROLLOUT_PROGRESS_INTERVAL",),
+        patches=("verl/0004-verl-feature-rollout-progress.patch",),
     ),
 )
 
@@ -102,7 +119,10 @@ RENAMED = {
 }
 
 # Prefixes of variables that only this project (or the reference recipe) reads: typos are caught here.
-OWN_PREFIXES = ("VLLM_ROLLOUT_", "VLLM_SPECULATIVE_", "ALL_TO_ALL", "USE_ALLTOALL", "ROLLOUT_REBALANCE")
+OWN_PREFIXES = (
+    "VLLM_ROLLOUT_", "VLLM_SPECULATIVE_", "ALL_TO_ALL", "USE_ALLTOALL", "ROLLOUT_REBALANCE", "NPU_RL_ENGINE_GC",
+    "NPU_RL_ROLLOUT_PROGRESS",
+)  # fmt: skip
 
 
 def known_env() -> set[str]:

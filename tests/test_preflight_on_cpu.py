@@ -273,7 +273,7 @@ def test_readme_features_table_is_generated_from_the_feature_table():
     assert block == features_table(), "README features table is stale: python -m npu_rl.features > paste it"
 
 
-def test_skip_old_log_prob_combinations_are_checked_even_before_the_feature_lands():
+def test_skip_old_log_prob_combinations_are_checked():
     r = check(
         "actor_rollout_ref.actor.recompute_old_log_prob=false",
         "actor_rollout_ref.actor.ppo_epochs=2",
@@ -281,7 +281,6 @@ def test_skip_old_log_prob_combinations_are_checked_even_before_the_feature_land
         "algorithm.rollout_correction.rollout_is=token",
     )
     msgs = [p.message for p in r.report.errors if p.key == "actor_rollout_ref.actor.recompute_old_log_prob"]
-    assert "not in this release yet (issue 9)" in msgs[0]
     joined = "\n".join(msgs)
     assert "ppo_epochs=2" in joined and "4 optimizer steps per batch" in joined
     assert "use_kl_in_reward=true" in joined and "rollout_correction.rollout_is=token" in joined
@@ -289,8 +288,7 @@ def test_skip_old_log_prob_combinations_are_checked_even_before_the_feature_land
         "actor_rollout_ref.actor.recompute_old_log_prob=false",
         "actor_rollout_ref.actor.ppo_mini_batch_size=64",
     )
-    msgs = [p.message for p in on_policy.report.errors if p.key == "actor_rollout_ref.actor.recompute_old_log_prob"]
-    assert len(msgs) == 1  # only "not in this release": the combination itself is valid
+    assert on_policy.ok, on_policy.render()  # the combination is valid and the feature is in this release
 
 
 @pytest.mark.parametrize(

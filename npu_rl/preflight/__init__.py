@@ -98,6 +98,9 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         report.error(key, msg, fix)
     for key, msg, fix in feats.warnings:
         report.warn(key, msg, fix)
+    if any(f.config and f.config[0] == f"{checks.A}.recompute_old_log_prob" for f in feats.on):
+        checks.check_skip_old_log_prob(cfg, report)
+    checks.check_rollout_hygiene(env, report)
     plan = [
         ("config", f"{cli.config_name} ({cli.config_dir})"),
         ("cluster", f"{sel(cfg, 'trainer.nnodes')} node(s) x {sel(cfg, 'trainer.n_gpus_per_node')} dies = {world}"),
@@ -109,8 +112,6 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     checks.check_layout(cfg, lay, roll, model, npus_per_node, report)
     if any(f.env == "ALL_TO_ALL_RESHARD" for f in feats.on):
         checks.check_reshard_layout(lay, roll, model, report)
-    if any(f.config and f.config[0] == f"{checks.A}.recompute_old_log_prob" for f in feats.on):
-        checks.check_skip_old_log_prob(cfg, report)
     if any(f.env == "NPU_RL_RANDOM_INIT" for f in feats.on):
         checks.check_random_init(cfg, report)
     est = checks.estimate_memory(cfg, lay, roll, model)
@@ -262,6 +263,12 @@ def _verl_validate(cfg, report: Report, injected: list[str]) -> None:
                 node = OmegaConf.select(cfg, parent) if parent else cfg
                 if node is not None and leaf in node:
                     del node[leaf]
+
+    if OmegaConf.select(cfg, f"{checks.A}.recompute_old_log_prob") is False:
+        # the patched validate_config raises on an invalid on-policy shortcut and stops there;
+        # check_skip_old_log_prob reports those rules, so let verl's other checks run
+        cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+        OmegaConf.update(cfg, f"{checks.A}.recompute_old_log_prob", True)
 
     buf = io.StringIO()
     try:

@@ -482,32 +482,28 @@ def check_memory(cfg, est: MemoryEstimate, lengths: Mapping[str, int], report: R
 
 
 def check_skip_old_log_prob(cfg, report: Report) -> None:
-    """Skipping the old-log-prob recompute is exact only for a single on-policy optimizer step:
-    ``old_log_prob == log_prob.detach()`` holds at the first step of the first epoch only, and nothing
-    else may consume the old log-probs (KL in the reward, rollout importance sampling / rejection)."""
-    key = f"{A}.recompute_old_log_prob"
-    why = "recompute_old_log_prob=false is only valid for one on-policy optimizer step per batch"
-    epochs = int(sel(cfg, f"{A}.ppo_epochs", 1))
-    if epochs != 1:
-        report.error(key, f"{why}, but {A}.ppo_epochs={epochs}", f"set {A}.ppo_epochs=1 or recompute")
-    tbs, mini = int(sel(cfg, "data.train_batch_size", 0)), int(sel(cfg, f"{A}.ppo_mini_batch_size", 0))
-    if mini != tbs:
-        report.error(
-            key,
-            f"{why}, but ppo_mini_batch_size ({mini}) != data.train_batch_size ({tbs}): "
-            f"{max(tbs // max(mini, 1), 1)} optimizer steps per batch",
-            f"set {A}.ppo_mini_batch_size={tbs} or recompute",
-        )
-    if bool(sel(cfg, "algorithm.use_kl_in_reward", False)):
-        report.error(key, f"{why}; algorithm.use_kl_in_reward=true needs the old log-probs", "turn one of them off")
-    for k in ("rollout_is", "rollout_rs"):
-        v = sel(cfg, f"algorithm.rollout_correction.{k}")
-        if v not in (None, "", "null"):
-            report.error(
-                key,
-                f"{why}; algorithm.rollout_correction.{k}={v} corrects with the old log-probs",
-                f"set algorithm.rollout_correction.{k}=null or recompute",
-            )
+    """``recompute_old_log_prob=false`` is exact only for one on-policy optimizer step per batch; the
+    rules are :func:`npu_rl.onpolicy.problems` (the patched ``validate_config`` runs the same ones)."""
+    from npu_rl.onpolicy import problems
+
+    for key, message, fix in problems(cfg):
+        report.error(key, message, fix)
+
+
+def check_rollout_hygiene(env: Mapping[str, str], report: Report) -> None:
+    """The engine-GC and rollout-progress variables parse as the engine and the trainer will parse them
+    (``npu_rl.engine_gc.from_env``, ``npu_rl.rollout_progress.from_env``): a bad value would otherwise
+    surface as an exception inside vLLM's engine-core process or the trainer, after the cluster started."""
+    from npu_rl import engine_gc, rollout_progress
+    from npu_rl.errors import NpuRlError
+
+    for mod, params in ((engine_gc, (engine_gc.EVERY, engine_gc.MAX_GEN0, engine_gc.FULL_GROWTH)),
+                        (rollout_progress, (rollout_progress.INTERVAL,))):  # fmt: skip
+        try:
+            mod.from_env(env)
+        except NpuRlError as e:
+            key = next((p for p in params if str(e).startswith(p)), mod.SWITCH)
+            report.error(key, str(e), "see docs/onpolicy.md")
 
 
 def check_random_init(cfg, report: Report) -> None:

@@ -66,7 +66,7 @@ ROLLOUT=(
 # Features of this project (each off until its release carries it; see README "Features"):
 #   length-aware resampler   data.sampler.class_name=LengthAwareEpochSampler
 #   SAM speculative decoding +actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config.method=sam
-#   skip old-log-prob        actor_rollout_ref.actor.recompute_old_log_prob=false
+#   skip old-log-prob        actor_rollout_ref.actor.recompute_old_log_prob=false (needs ppo_mini_batch_size=train_batch_size)
 #   env: VLLM_ROLLOUT_EARLY_STOP_ENABLE, ROLLOUT_REBALANCE_ENABLE
 FEATURES=()
 TRAINER=(

@@ -1,0 +1,219 @@
+"""Rollout progress from the trainer process: a progress bar on a terminal, a periodic line in logs.
+
+On a two-hour rollout nothing tells a slow step from a hang. verl 0.9.0's V1 trainer waits for
+generation in ``ReplayBuffer.sample`` (``verl/trainer/ppo/v1/replay_buffer.py``), which re-reads the
+TransferQueue tags every ``poll_interval`` (2 s) through ``_sync_metadata_from_transfer_queue``: prompt
+groups with status pending/running/finished/failure and one tag per finished trajectory (with
+``response_len``). The verl patch ``verl-feature-rollout-progress`` calls :func:`on_sync` at the end
+of that method, in the trainer process; nothing runs in the rollout workers.
+
+With ``NPU_RL_ROLLOUT_PROGRESS=1`` each partition (``train``, ``val``) that has prompts in flight is
+shown as
+
+    rollout train: 412/512 responses, 98/128 groups, 1534 tok/s, longest 8123 tok, 30 groups running for 0:12:34
+
+- a tqdm bar (responses done / total) when stderr is a terminal, else one line every
+  ``NPU_RL_ROLLOUT_PROGRESS_INTERVAL`` seconds (default 60) and a final line when nothing is in flight;
+- responses: sessions (``{uid}_{session}``) whose outputs reached TransferQueue; their total is groups x n, with n
+  learned from finished groups (distinct sessions per group) and shown as "?" before the first one;
+- tok/s: response tokens of finished trajectories per second since this partition's rollout started
+  (first seen in flight; the poll interval bounds the error);
+- longest: the longest finished response. The trainer sees a response only when it finishes, so a
+  running response's length is unknown here; "running for" is the age of the oldest unfinished group,
+  which is what tells a hang (it keeps growing while nothing finishes).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from npu_rl.errors import NpuRlError
+
+SWITCH = "NPU_RL_ROLLOUT_PROGRESS"
+INTERVAL = "NPU_RL_ROLLOUT_PROGRESS_INTERVAL"
+DEFAULT_INTERVAL_S = 60.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One partition's state at a poll.
+
+    Attributes:
+        pending, running, finished: prompt-group uids by status (``failure`` counts as finished).
+        trajectories: trajectory key ``{uid}_{session}_{index}`` -> its tag (``response_len`` used).
+    """
+
+    pending: frozenset[str]
+    running: frozenset[str]
+    finished: frozenset[str]
+    trajectories: Mapping[str, Mapping[str, Any]]
+
+    @property
+    def groups_total(self) -> int:
+        return len(self.pending) + len(self.running) + len(self.finished)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.pending) + len(self.running)
+
+
+@dataclass
+class _Rollout:
+    start: float
+    first_seen_inflight: dict[str, float] = field(default_factory=dict)
+    last_line: float = float("-inf")
+    bar: Any = None
+    n: int | None = None
+    text: str = ""
+
+
+class RolloutProgress:
+    """Turns snapshots into a bar (``tty=True``) or periodic lines; pure apart from ``stream``.
+
+    Args:
+        interval_s: seconds between lines when not a terminal (> 0).
+        stream: where to write (default ``sys.stderr``).
+        tty: force bar (True) or lines (False); default ``stream.isatty()``.
+        clock: monotonic seconds (tests pass a fake).
+
+    Raises:
+        NpuRlError: ``interval_s`` not above 0.
+    """
+
+    def __init__(
+        self,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        stream: TextIO | None = None,
+        tty: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if not interval_s > 0:
+            raise NpuRlError(f"{INTERVAL}={interval_s} must be > 0 seconds")
+        self.interval_s = interval_s
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)()) if tty is None else tty
+        self.clock = clock
+        self._active: dict[str, _Rollout] = {}
+
+    def observe(self, partition: str, snap: Snapshot) -> str | None:
+        """Record one poll of ``partition``; returns the status text (None when idle)."""
+        now = self.clock()
+        ro = self._active.get(partition)
+        if ro is None:
+            if snap.in_flight == 0:
+                return None
+            ro = self._active[partition] = _Rollout(start=now)
+        for uid in snap.pending | snap.running:
+            ro.first_seen_inflight.setdefault(uid, now)
+        n = _sessions_per_group(snap.finished, snap.trajectories.keys())
+        if n is not None:
+            ro.n = max(ro.n or 0, n)
+        # sessions, not outputs: a multi-turn agent loop may emit several outputs per session
+        done = len({key.rpartition("_")[0] for key in snap.trajectories})
+        lens = [int(t.get("response_len", 0) or 0) for t in snap.trajectories.values()]
+        tokens, longest = sum(lens), max(lens, default=0)
+        elapsed = max(now - ro.start, 1e-9)
+        total = snap.groups_total * ro.n if ro.n else None
+        oldest = min((ro.first_seen_inflight[u] for u in snap.pending | snap.running), default=now)
+        running = snap.in_flight
+        ro.text = (
+            f"rollout {partition}: {done}/{total if total is not None else '?'} responses, "
+            f"{len(snap.finished)}/{snap.groups_total} groups, {tokens / elapsed:.0f} tok/s, longest {longest} tok"
+            + (f", {running} groups running for {_hms(now - oldest)}" if running else f", done in {_hms(elapsed)}")
+        )
+        finished = running == 0
+        if self.tty:
+            self._draw_bar(ro, partition, done, total, tokens / elapsed, longest, running, now - oldest)
+            if finished:
+                ro.bar.close()
+        elif finished or now - ro.last_line >= self.interval_s:
+            print(ro.text, file=self.stream, flush=True)
+            ro.last_line = now
+        if finished:
+            del self._active[partition]
+        return ro.text
+
+    def _draw_bar(self, ro, partition, done, total, rate, longest, running, age) -> None:
+        from tqdm import tqdm
+
+        if ro.bar is None:
+            ro.bar = tqdm(total=total, desc=f"rollout {partition}", unit="resp", file=self.stream, leave=True)
+        if total is not None and ro.bar.total != total:
+            ro.bar.total = total
+        ro.bar.n = done
+        ro.bar.set_postfix_str(
+            f"{rate:.0f} tok/s, longest {longest} tok" + (f", {running} groups running {_hms(age)}" if running else ""),
+            refresh=False,
+        )
+        ro.bar.refresh()
+
+
+def _sessions_per_group(finished: Iterable[str], keys: Iterable[str]) -> int | None:
+    """n (sessions per prompt group) as seen in finished groups: distinct ``{uid}_{session}`` per uid."""
+    fin = set(finished)
+    sessions: dict[str, set[str]] = {}
+    for key in keys:
+        uid, _, rest = key.partition("_")
+        if uid in fin:
+            sessions.setdefault(uid, set()).add(rest.rpartition("_")[0] or rest)
+    return max((len(s) for s in sessions.values()), default=None)
+
+
+def _hms(seconds: float) -> str:
+    return str(datetime.timedelta(seconds=int(max(seconds, 0))))
+
+
+def from_env(env: Mapping[str, str] | None = None) -> RolloutProgress | None:
+    """The reporter the environment asks for, or None when ``NPU_RL_ROLLOUT_PROGRESS`` is off.
+
+    Raises:
+        NpuRlError: a non-boolean switch or a bad interval (names the variable).
+    """
+    from npu_rl.features import env_flag
+
+    env = os.environ if env is None else env
+    flag = env_flag(env, SWITCH)
+    if flag is None:
+        raise NpuRlError(f"{SWITCH}={env[SWITCH]!r} is not a boolean: set {SWITCH}=1 or {SWITCH}=0")
+    if not flag:
+        return None
+    raw = env.get(INTERVAL, "").strip()
+    try:
+        interval = float(raw) if raw else DEFAULT_INTERVAL_S
+    except ValueError:
+        raise NpuRlError(f"{INTERVAL}={raw!r} is not a number of seconds") from None
+    return RolloutProgress(interval_s=interval)
+
+
+_REPORTER: RolloutProgress | None = None
+_READ_ENV = False
+
+
+def on_sync(replay_buffer: Any) -> None:
+    """Hook for ``ReplayBuffer._sync_metadata_from_transfer_queue`` (after it rebuilt its snapshot).
+
+    Reads ``pending_keys``, ``running_keys``, ``finished_keys``, ``failure_keys`` (partition -> set of
+    prompt uids) and ``partitions`` (partition -> trajectory key -> tag) of verl's replay buffer.
+    A no-op unless ``NPU_RL_ROLLOUT_PROGRESS`` is on.
+    """
+    global _REPORTER, _READ_ENV
+    if not _READ_ENV:
+        _REPORTER, _READ_ENV = from_env(), True
+    if _REPORTER is None:
+        return
+    rb = replay_buffer
+    names = set(rb.pending_keys) | set(rb.running_keys) | set(rb.finished_keys) | set(rb.failure_keys)
+    for partition in sorted(names | set(_REPORTER._active)):
+        snap = Snapshot(
+            pending=frozenset(rb.pending_keys.get(partition, ())),
+            running=frozenset(rb.running_keys.get(partition, ())),
+            finished=frozenset(rb.finished_keys.get(partition, ())) | frozenset(rb.failure_keys.get(partition, ())),
+            trajectories=dict(rb.partitions.get(partition, {})),
+        )
+        _REPORTER.observe(partition, snap)
