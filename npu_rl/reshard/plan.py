@@ -393,6 +393,34 @@ class ReshardPlan:
             peak = max(a + b for a, b in zip(per_round, per_round[1:], strict=False))
         return max(peak, assembly)
 
+    # ---- the pinned path, for comparison (mbridge 0.15.1 Bridge.export_weights) -------------------
+    def allgather_received(self, rank: int) -> int:
+        """Bytes ``rank`` receives for the experts on the all-gather path: per layer, family and local
+        expert index, the PP broadcast from the owning stage (unless it is this rank's), the EP
+        all-gather (EP-1 shards) and, for each of the EP experts, the ETP all-gather (ETP-1 shards)."""
+        t = self.train
+        own = t.coords(rank)["pp"]
+        per = self.shape.experts // t.ep
+        total = 0
+        for layer in range(self.shape.layers):
+            shards = (t.pp > 1 and self.layer_stage[layer] != own) + (t.ep - 1) + t.ep * (t.etp - 1)
+            total += per * shards * sum(self.piece_bytes(f) for f in FAMILIES)
+        return total
+
+    def allgather_peak(self) -> int:
+        """Peak transient bytes per rank on the all-gather path, following mbridge 0.15.1's code: PP
+        broadcast buffer (1 shard), EP all-gather output (EP shards), ETP all-gather output (ETP shards)
+        and, when Megatron TP > 1, the merge copies (fc1: gate and up, then their concatenation, 2
+        experts; fc2: 1 expert)."""
+        t = self.train
+        peak = 0
+        for f in FAMILIES:
+            shard = self.piece_bytes(f)
+            expert = shard * t.etp
+            merge = (2 if f == "fc1" else 1) * expert if t.tp > 1 else 0
+            peak = max(peak, shard * ((t.pp > 1) + t.ep) + (expert if t.etp > 1 else 0) + merge)
+        return peak
+
     def min_rounds(self) -> dict[Family, int]:
         """A lower bound on the collectives per family at one expert / one shard per rank: the most
         units any rank receives or shards any rank sends."""
