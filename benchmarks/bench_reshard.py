@@ -75,7 +75,7 @@ def recipe_layout(path: str) -> RecipeLayout:
                         shape, stages)  # fmt: skip
 
 
-def analytic(lay: RecipeLayout) -> list[tuple[str, str]]:
+def analytic(lay: RecipeLayout, figures: dict | None = None) -> list[tuple[str, str]]:
     plan = build_plan(lay.train, lay.rollout, lay.shape, lay.stages)
     ranks = range(lay.train.world)
     recv = [plan.bytes_received(r) for r in ranks]
@@ -108,7 +108,42 @@ def analytic(lay: RecipeLayout) -> list[tuple[str, str]]:
         ("collectives: all-gather", f"{lay.shape.layers * 2 * (lay.shape.experts // t.ep) * (1 + (t.pp > 1))}"
                                      + (f" + {lay.shape.layers * 2 * lay.shape.experts} ETP" if t.etp > 1 else "")),
     ]  # fmt: skip
+    if figures is not None:
+        figures[lay.name] = {"received": max(recv), "lower bound": max(lb), "all-gather received": max(ag),
+                             "peak": peak, "all-gather peak": ag_peak}  # fmt: skip
     return rows
+
+
+LABELS = {"received": "reshard", "lower bound": "lower bound", "all-gather received": "all-gather",
+          "peak": "reshard", "all-gather peak": "all-gather"}  # fmt: skip
+
+
+def plot(figures: dict, path: Path) -> None:
+    """Two log-scale bar panels: expert bytes received per rank, and peak transient memory per rank."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    names = list(figures)
+    panels = (
+        ("expert bytes received per rank (GB)", ("received", "lower bound", "all-gather received"), 1e9),
+        ("peak transient memory per rank (MB)", ("peak", "all-gather peak"), 1e6),
+    )
+    for ax, (title, keys, unit) in zip(axes, panels, strict=True):
+        width = 0.8 / len(keys)
+        for i, k in enumerate(keys):
+            vals = [max(figures[n][k] / unit, 1e-3) for n in names]
+            bars = ax.bar([x + i * width for x in range(len(names))], vals, width, label=LABELS[k])
+            ax.bar_label(bars, labels=[f"{figures[n][k] / unit:.3g}" for n in names], fontsize=7)
+        ax.set_yscale("log")
+        ax.set_xticks([x + width * (len(keys) - 1) / 2 for x in range(len(names))], [n.split(" (")[0] for n in names])
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    fig.suptitle("all-to-all-v expert reshard vs all-gather (from the plan; floor 1e-3 for zero)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 # ---------------------------------------------------------------- measured part (gloo, CPU)
@@ -186,13 +221,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--procs", type=int, default=8, help="processes for the measured part (default 8)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-measure", action="store_true", help="only the figures computed from the plan")
+    p.add_argument("--plot", type=Path, help="write the from-the-plan bar charts to this PNG")
     a = p.parse_args(argv)
     layouts = [recipe_layout(r) for r in RECIPES]
+    figures: dict = {}
     for lay in layouts:
         print(f"\n## {lay.name}: from the plan (bf16)\n")
         print("| quantity | value |\n|---|---|")
-        for k, v in analytic(lay):
+        for k, v in analytic(lay, figures):
             print(f"| {k} | {v} |")
+    if a.plot:
+        plot(figures, a.plot)
+        print(f"\nplot: {a.plot}")
     if a.skip_measure:
         return 0
     print(f"\n## measured on CPU/gloo, {a.procs} processes, median of {a.repeats} (slowest rank)\n")
