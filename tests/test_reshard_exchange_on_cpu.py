@@ -22,13 +22,14 @@ from npu_rl.reshard.plan import MoeShape, RolloutLayout, TrainLayout, build_plan
 
 HIDDEN, FFN, LAYERS = 8, 12, 2
 
-# (train, rollout, experts, bucket_bytes, overlap)
+# (train, rollout, experts, bucket_bytes, overlap[, layers with experts])
 LAYOUTS = {
     4: [
         (TrainLayout(world=4, ep=4), RolloutLayout(tp=2, dp=2), 8, None, False),  # all local
         (TrainLayout(world=4, tp=2, ep=2, etp=2), RolloutLayout(tp=4, placement="round_robin"), 8, None, False),
         (TrainLayout(world=4, pp=2, ep=2), RolloutLayout(tp=2), 16, None, False),  # two rollout replicas
         (TrainLayout(world=4, ep=4), RolloutLayout(tp=1, dp=4, placement="round_robin"), 16, 2 * 384, True),
+        (TrainLayout(world=4, ep=2), RolloutLayout(tp=4), 8, None, False, (1,)),  # layer 0 dense
     ],
     8: [
         (TrainLayout(world=8, tp=2, pp=2, ep=4), RolloutLayout(tp=2, dp=4), 16, None, False),  # 235B ratios
@@ -59,7 +60,7 @@ def megatron_shards(plan, rank: int) -> dict:
     rows = slice(c["etp"] * n, (c["etp"] + 1) * n)
     out = {}
     for layer in range(LAYERS):
-        if plan.layer_stage[layer] != c["pp"]:
+        if plan.layer_stage[layer] != c["pp"] or layer not in plan.moe_layers:
             continue
         for e in range(c["ep"] * per, (c["ep"] + 1) * per):
             w = full_expert(layer, e)
@@ -72,12 +73,13 @@ def _worker(rank: int, world: int, port: int, queue) -> None:
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         report = []
-        for i, (train, roll, experts, bucket, overlap) in enumerate(LAYOUTS[world]):
-            plan = build_plan(train, roll, MoeShape(experts, LAYERS, HIDDEN, FFN), bucket_bytes=bucket)
+        for i, (train, roll, experts, bucket, overlap, *moe) in enumerate(LAYOUTS[world]):
+            shape = MoeShape(experts, LAYERS, HIDDEN, FFN)
+            plan = build_plan(train, roll, shape, bucket_bytes=bucket, moe_layers=moe[0] if moe else None)
             local = megatron_shards(plan, rank)
             got = dict(exchange_experts(plan, local, overlap=overlap))
             mine = roll.experts(roll.ep_rank(rank), experts)
-            want = {n for layer in range(LAYERS) for f in ("fc1", "fc2") for e in mine for n in hf_names(layer, f, e)}
+            want = {n for la in plan.moe_layers for f in ("fc1", "fc2") for e in mine for n in hf_names(la, f, e)}
             assert set(got) == want, f"layout {i}: names differ: {sorted(set(got) ^ want)[:4]}"
             reference = {n: t for n, t in allgather_experts(plan, local, TrainGroups(plan)) if n in want}
             assert set(reference) == want

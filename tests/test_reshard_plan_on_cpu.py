@@ -167,6 +167,16 @@ def test_rounds_respect_the_budget(bucket):
         assert all(len(plan.rounds) >= n for n in plan.min_rounds().values())
 
 
+def test_dense_layers_are_left_out():
+    # layer 0 dense (as DeepSeek-V3's first layers): only layers 1 and 2 move experts
+    plan = build_plan(TrainLayout(world=4, ep=4), RolloutLayout(tp=2), MoeShape(8, 3, 4, 6), moe_layers=[2, 1])
+    assert plan.moe_layers == (1, 2)
+    assert {u.layer for _, us in plan.rounds for u in us} | {u.layer for u in plan.local_units} == {1, 2}
+    _check_complete(plan)
+    with pytest.raises(ReshardLayoutError, match="moe_layers"):
+        build_plan(TrainLayout(world=4, ep=4), RolloutLayout(tp=2), MoeShape(8, 3, 4, 6), moe_layers=[3])
+
+
 def test_split_sizes_agree_between_sender_and_receiver():
     plan = build_plan(TrainLayout(world=8, tp=2, ep=2, etp=2), RolloutLayout(tp=2, dp=4), MoeShape(16, 3, 4, 6))
     views = [plan.rank_rounds(r) for r in range(8)]

@@ -165,7 +165,7 @@ def allgather_experts(
     me = t.coords(rank)
     per_rank = shape.experts // t.ep
     some = next(iter(local.values()))
-    for layer in range(shape.layers):
+    for layer in plan.moe_layers:
         stage = plan.layer_stage[layer]
         for family in FAMILIES:
             sshape = _shard_shape(plan, family)

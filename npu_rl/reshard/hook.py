@@ -146,7 +146,7 @@ def local_expert_shards(
             f"unset {SWITCH} (the planner only knows Megatron's default rank order)"
         )
     per_rank = bridge.config.num_moe_experts // train.ep
-    local, layers = {}, set()
+    local, layers, moe = {}, set(), set()
     for model in models:
         model = unwrap_model(model)
         to_global = bridge._weight_name_mapping_mcore_local_to_global(model, consider_ep=False)
@@ -162,12 +162,16 @@ def local_expert_shards(
             layer = int(global_name.split("decoder.layers.")[1].split(".")[0])
             family = "fc1" if prefix.endswith("linear_fc1") else "fc2"
             local[(layer, family, mine["ep"] * per_rank + int(k))] = param.data
+            moe.add(layer)
     gathered: list = [None] * world
-    dist.all_gather_object(gathered, (mine["pp"], sorted(layers)))
+    dist.all_gather_object(gathered, (mine["pp"], sorted(layers), sorted(moe)))
     stage_of: dict[int, int] = {}
-    for pp_rank, ls in gathered:
-        for layer in ls:
-            stage_of[layer] = pp_rank
+    moe_layers: set[int] = set()
+    for pp_rank, ls, ms in gathered:
+        stage_of.update(dict.fromkeys(ls, pp_rank))
+        moe_layers.update(ms)
+    if sorted(stage_of) != list(range(len(stage_of))):
+        raise NpuRlError(f"the decoder layers found on the ranks are not 0..n-1: {sorted(stage_of)}; {SWITCH}=0")
     stages = tuple(stage_of[i] for i in range(len(stage_of)))
     some = next(iter(local.values()))
     shape = MoeShape(
@@ -177,9 +181,9 @@ def local_expert_shards(
         ffn=bridge.config.moe_ffn_hidden_size,
         dtype_bytes=some.element_size(),
     )
-    return _plan(train, rollout, shape, stages, bucket_bytes), local
+    return _plan(train, rollout, shape, stages, bucket_bytes, tuple(sorted(moe_layers))), local
 
 
 @lru_cache(maxsize=4)
-def _plan(train, rollout, shape, stages, bucket_bytes) -> ReshardPlan:
-    return build_plan(train, rollout, shape, stages, bucket_bytes)
+def _plan(train, rollout, shape, stages, bucket_bytes, moe_layers) -> ReshardPlan:
+    return build_plan(train, rollout, shape, stages, bucket_bytes, moe_layers)

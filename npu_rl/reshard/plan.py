@@ -303,6 +303,7 @@ class ReshardPlan:
     shape: MoeShape
     layer_stage: tuple[int, ...]
     bucket_bytes: int | None
+    moe_layers: tuple[int, ...] = ()  # the layers that have routed experts (all when the plan is built)
     local_units: list[Unit] = field(default_factory=list)  # needed and held entirely by the rank itself
     rounds: list[tuple[Family, list[Unit]]] = field(default_factory=list)
 
@@ -318,7 +319,7 @@ class ReshardPlan:
     def needed(self, rank: int) -> list[tuple[int, Family, int]]:
         """(layer, family, expert) of every full expert weight the rollout rank on ``rank`` loads."""
         experts = self.rollout.experts(self.rollout.ep_rank(rank), self.shape.experts)
-        return [(layer, f, e) for layer in range(self.shape.layers) for f in FAMILIES for e in experts]
+        return [(layer, f, e) for layer in self.moe_layers for f in FAMILIES for e in experts]
 
     def rank_rounds(self, rank: int) -> list[RankRound]:
         """Per collective, what ``rank`` sends and receives (in the same order on every rank)."""
@@ -402,7 +403,7 @@ class ReshardPlan:
         own = t.coords(rank)["pp"]
         per = self.shape.experts // t.ep
         total = 0
-        for layer in range(self.shape.layers):
+        for layer in self.moe_layers:
             shards = (t.pp > 1 and self.layer_stage[layer] != own) + (t.ep - 1) + t.ep * (t.etp - 1)
             total += per * shards * sum(self.piece_bytes(f) for f in FAMILIES)
         return total
@@ -450,6 +451,7 @@ def build_plan(
     shape: MoeShape,
     layer_stage: Sequence[int] | None = None,
     bucket_bytes: int | None = None,
+    moe_layers: Iterable[int] | None = None,
 ) -> ReshardPlan:
     """Plan the reshard of every routed-expert weight from ``train`` to the colocated ``rollout``.
 
@@ -458,6 +460,7 @@ def build_plan(
         bucket_bytes: most bytes a rank sends and receives in one collective; None (default) moves one
             expert per rank per collective, the least transient memory (the send side then needs no
             staging copy: a single shard is sent straight from its parameter).
+        moe_layers: the layers with routed experts (default all; e.g. DeepSeek-V3's first 3 are dense).
 
     Returns:
         The plan; ``plan.rank_rounds(rank)`` gives each rank's split sizes.
@@ -475,10 +478,13 @@ def build_plan(
         stages = layer_stages(shape.layers, train.pp)
     if stages is not None and (len(stages) != shape.layers or any(not 0 <= s < train.pp for s in stages)):
         problems.append(("layer_stage", f"needs {shape.layers} stages in [0, {train.pp}), got {stages}", ""))
+    moe = tuple(sorted(set(range(shape.layers) if moe_layers is None else moe_layers)))
+    if any(not 0 <= x < shape.layers for x in moe):
+        problems.append(("moe_layers", f"{moe} are not all layers of a {shape.layers}-layer model", ""))
     if problems:
         raise ReshardLayoutError(problems)
     assert stages is not None
-    plan = ReshardPlan(train, rollout, shape, stages, bucket_bytes)
+    plan = ReshardPlan(train, rollout, shape, stages, bucket_bytes, moe)
     send_load: dict[int, int] = defaultdict(int)
     remote: list[Unit] = []
     for dst in range(train.world):
