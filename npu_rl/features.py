@@ -79,7 +79,9 @@ FEATURES: tuple[Feature, ...] = (
         "sends each rollout rank only its experts after every training step",
         7,
         env="ALL_TO_ALL_RESHARD",
-        params=("USE_ALLTOALL_OVERLAP",),
+        config=("actor_rollout_ref.rollout.checkpoint_engine.expert_reshard", "true"),
+        params=("USE_ALLTOALL_OVERLAP", "ALL_TO_ALL_RESHARD_BUCKET_MB"),
+        patches=("verl/0005-verl-feature-expert-reshard.patch", "mbridge/0001-mbridge-feature-export-skip.patch"),
     ),
     Feature(
         "rollout rebalance",

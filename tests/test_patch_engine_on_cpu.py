@@ -3,6 +3,7 @@
 Nothing here mocks git or the archives; the trees are the verified upstream archives unpacked.
 """
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,7 @@ def test_failure_while_applying_rolls_back_trees_already_patched(sources, series
     # Two upstreams with patches: verl (real) and mbridge (a real, valid patch). The second tree's
     # working-tree apply fails after the first tree was really patched: both must end at baseline.
     d = series_copy / "mbridge"
+    shutil.rmtree(d, ignore_errors=True)  # replace mbridge's own series (if any) by the marker patch
     d.mkdir()
     mb = sources / "mbridge"
     (mb / "mbridge" / "__init__.py").write_text((mb / "mbridge" / "__init__.py").read_text() + "# npu_rl test\n")
@@ -233,7 +235,8 @@ def test_usage_errors_exit_2(sources, capsys):
     assert exc.value.code == 2
 
 
-def test_named_upstream_without_patches_says_so(sources, capsys):
-    assert cli("--only", "mbridge", sources=sources) == 0
+def test_named_upstream_without_patches_says_so(sources, series_copy, capsys):
+    shutil.rmtree(series_copy / "mbridge", ignore_errors=True)  # a small tree; the real series may patch it
+    assert cli("--only", "mbridge", sources=sources, patches=series_copy) == 0
     out = capsys.readouterr().out
     assert "mbridge" in out and "no patches in the series" in out

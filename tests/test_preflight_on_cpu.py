@@ -201,8 +201,7 @@ def test_feature_switches_unavailable_renamed_and_misspelt():
     )
     e = errors(r)
     reshard = [p.message for p in r.report.errors if p.key == "ALL_TO_ALL_RESHARD"]
-    assert "not in this release yet (issue 7)" in reshard[0]
-    assert "this model is dense" in reshard[1]  # the layout rules of the switch still run
+    assert reshard == ["the reshard moves MoE experts; this model is dense"]  # in this release: its rules run
     assert "actor_rollout_ref.rollout.data_parallel_size" in e["VLLM_DP_SIZE"].fix
     assert "'maybe' is not a boolean" in e["ROLLOUT_REBALANCE_ENABLE"].message
     (typo,) = [w for w in r.report.warnings if w.key == "VLLM_ROLLOUT_EARLY_STOP_FACTR"]

@@ -335,19 +335,20 @@ def check_layout(cfg, lay: TrainLayout, roll: RolloutLayout, model: ModelFacts, 
 
 
 def check_reshard_layout(lay: TrainLayout, roll: RolloutLayout, model: ModelFacts, report: Report) -> None:
-    """The all-to-all-v reshard needs a colocated MoE whose experts split evenly on both sides."""
+    """The all-to-all-v reshard's planner accepts the train and rollout layouts (npu_rl.reshard.plan)."""
+    from npu_rl.reshard import plan
+
     key = "ALL_TO_ALL_RESHARD"
     if not model.is_moe:
         report.error(key, "the reshard moves MoE experts; this model is dense", "unset ALL_TO_ALL_RESHARD")
         return
-    if model.experts % lay.ep or model.experts % max(roll.ep, 1):
-        report.error(
-            key,
-            f"{model.experts} experts do not split evenly over train EP {lay.ep} and rollout EP {roll.ep}",
-            "choose EP sizes that divide the expert count",
-        )
-    if roll.ep <= 1:
-        report.error(key, "rollout expert parallelism is off: every rollout rank needs all experts", "set rollout EP")
+    if lay.engine not in ("megatron", "mindspeed"):
+        report.error(key, f"the reshard exports from the Megatron engine, not {lay.engine}", "model_engine=megatron")
+        return
+    train = plan.TrainLayout(world=lay.world, tp=lay.tp, pp=lay.pp, ep=lay.ep, etp=lay.etp, cp=lay.cp)
+    rollout = plan.RolloutLayout(tp=roll.tp, dp=roll.dp, pp=roll.pp, ep=roll.ep)
+    for where, msg, fix in plan.layout_problems(train, rollout, model.experts, model.moe_intermediate or None):
+        report.error(key, f"{where}: {msg}", fix or "choose layouts the reshard planner accepts (docs/reshard.md)")
 
 
 def check_lengths(cfg, model: ModelFacts, report: Report) -> dict[str, int]:

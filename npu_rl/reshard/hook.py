@@ -1,0 +1,189 @@
+"""What the verl patch calls: the Megatron engine's weight export with the expert reshard switched in.
+
+verl 0.9.0's colocated weight sync (``ActorRolloutRefWorker.update_weights``, mode ``naive``) asks the
+engine for ``get_per_tensor_param``; with ``vanilla_mbridge=True`` that is mbridge's
+``Bridge.export_weights``, which all-gathers every expert over EP (and ETP). The patch passes
+:func:`reshard_kwargs` from ``update_weights`` and calls :func:`export_weights` in place of
+``bridge.export_weights``: with the switch off it returns exactly mbridge's generator; with it on the
+non-expert parameters still come from mbridge (told to skip the experts: the mbridge patch adds that
+argument) and the experts from :func:`~npu_rl.reshard.exchange.exchange_experts`.
+
+Switch: ``actor_rollout_ref.rollout.checkpoint_engine.expert_reshard=True`` or ``ALL_TO_ALL_RESHARD=1``
+(the reference recipe's name). Tuning: ``ALL_TO_ALL_RESHARD_BUCKET_MB`` (bytes each rank sends and
+receives per collective; default one expert per rank per collective, the least memory),
+``USE_ALLTOALL_OVERLAP=1`` (start the next collective before handing over the current one).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from functools import lru_cache
+from typing import Any
+
+from npu_rl.errors import NpuRlError
+from npu_rl.reshard.plan import (
+    MoeShape,
+    ReshardPlan,
+    RolloutLayout,
+    TrainLayout,
+    build_plan,
+    is_expert_param,
+)
+
+SWITCH = "ALL_TO_ALL_RESHARD"
+CONFIG_KEY = "actor_rollout_ref.rollout.checkpoint_engine.expert_reshard"
+OVERLAP = "USE_ALLTOALL_OVERLAP"
+BUCKET_MB = "ALL_TO_ALL_RESHARD_BUCKET_MB"
+KWARG = "npu_rl_reshard"
+
+
+def _flag(env: Mapping[str, str], key: str) -> bool:
+    from npu_rl.features import env_flag
+
+    flag = env_flag(env, key)
+    if flag is None:
+        raise NpuRlError(f"{key}={env[key]!r} is not a boolean: set {key}=1 or {key}=0")
+    return flag
+
+
+def reshard_enabled(config_value: Any = False, env: Mapping[str, str] | None = None) -> bool:
+    """True when the config key or ``ALL_TO_ALL_RESHARD`` turns the reshard on.
+
+    Raises:
+        NpuRlError: the variable is not a boolean word.
+    """
+    env = os.environ if env is None else env
+    return bool(config_value) or _flag(env, SWITCH)
+
+
+def reshard_kwargs(rollout_config: Any, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Keyword arguments ``update_weights`` adds to ``get_per_tensor_param``: ``{}`` when off, else the
+    rollout layout under :data:`KWARG`. ``rollout_config`` is verl's rollout section (DictConfig or
+    ``RolloutConfig``): ``tensor_model_parallel_size``, ``data_parallel_size``,
+    ``pipeline_model_parallel_size``, ``expert_parallel_size``, ``checkpoint_engine.expert_reshard``."""
+    env = os.environ if env is None else env
+    ckpt = _get(rollout_config, "checkpoint_engine", None)
+    if not reshard_enabled(_get(ckpt, "expert_reshard", False) if ckpt is not None else False, env):
+        return {}
+    layout = RolloutLayout(
+        tp=int(_get(rollout_config, "tensor_model_parallel_size", 1)),
+        dp=int(_get(rollout_config, "data_parallel_size", 1)),
+        pp=int(_get(rollout_config, "pipeline_model_parallel_size", 1)),
+        ep=int(_get(rollout_config, "expert_parallel_size", 1)),
+    )
+    raw = env.get(BUCKET_MB, "").strip()
+    try:
+        bucket = int(float(raw) * (1 << 20)) if raw else None
+    except ValueError:
+        raise NpuRlError(f"{BUCKET_MB}={raw!r} is not a number of MiB: e.g. {BUCKET_MB}=256, or unset it") from None
+    return {KWARG: {"rollout": layout, "bucket_bytes": bucket, "overlap": _flag(env, OVERLAP)}}
+
+
+def _get(node: Any, key: str, default: Any) -> Any:
+    if node is None:
+        return default
+    if isinstance(node, Mapping) or hasattr(node, "get"):
+        value = node.get(key, default)
+    else:
+        value = getattr(node, key, default)
+    return default if value is None else value
+
+
+def export_weights(bridge: Any, models: list, npu_rl_reshard: Mapping[str, Any] | None = None, **_: Any) -> Iterator:
+    """The engine's weight export: mbridge's own generator when the reshard is off (``npu_rl_reshard``
+    None), else mbridge's export of the non-expert parameters followed by the resharded experts.
+
+    Every rank must iterate the result to the end (both parts run collectives)."""
+    if npu_rl_reshard is None:
+        return bridge.export_weights(models)
+    return _export_resharded(bridge, models, npu_rl_reshard)
+
+
+def _export_resharded(bridge: Any, models: list, opts: Mapping[str, Any]) -> Iterator:
+    from npu_rl.reshard.exchange import exchange_experts
+
+    yield from bridge.export_weights(models, skip=is_expert_param)
+    plan, local = local_expert_shards(bridge, models, opts["rollout"], opts.get("bucket_bytes"))
+    yield from exchange_experts(plan, local, overlap=bool(opts.get("overlap")))
+
+
+def local_expert_shards(
+    bridge: Any, models: list, rollout: RolloutLayout, bucket_bytes: int | None = None
+) -> tuple[ReshardPlan, dict]:
+    """This rank's expert shards keyed ``(global layer, family, global expert)``, and the plan.
+
+    Reads Megatron's parallel state (sizes, this rank's EP/ETP/PP coordinates), each local parameter
+    named ``decoder.layers.{l}.mlp.experts.linear_fc{1,2}.weight{k}`` (mbridge 0.15.1's expert naming,
+    TEGroupedMLP), its global layer (mbridge's ``_weight_name_mapping_mcore_local_to_global``) and
+    global expert ``ep_rank * E/EP + k``; the stage of every layer is gathered from all ranks.
+
+    Raises:
+        NpuRlError: Megatron's rank order is not the planner's, or a parameter is not of that form.
+    """
+    import torch.distributed as dist
+    from mbridge.core.util import unwrap_model
+    from megatron.core import parallel_state as mpu
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    train = TrainLayout(
+        world=world,
+        tp=mpu.get_tensor_model_parallel_world_size(),
+        pp=mpu.get_pipeline_model_parallel_world_size(),
+        ep=mpu.get_expert_model_parallel_world_size(),
+        etp=mpu.get_expert_tensor_parallel_world_size(),
+        cp=mpu.get_context_parallel_world_size(),
+    )
+    mine = {
+        "etp": mpu.get_expert_tensor_parallel_rank(),
+        "ep": mpu.get_expert_model_parallel_rank(),
+        "pp": mpu.get_pipeline_model_parallel_rank(),
+    }
+    planned = train.coords(rank)
+    if any(planned[k] != v for k, v in mine.items()):
+        raise NpuRlError(
+            f"rank {rank}: Megatron puts it at {mine} but the reshard planner (order {train.order}) at {planned}; "
+            f"unset {SWITCH} (the planner only knows Megatron's default rank order)"
+        )
+    per_rank = bridge.config.num_moe_experts // train.ep
+    local, layers, moe = {}, set(), set()
+    for model in models:
+        model = unwrap_model(model)
+        to_global = bridge._weight_name_mapping_mcore_local_to_global(model, consider_ep=False)
+        for name, param in model.named_parameters():
+            global_name = to_global.get(name, name)
+            if "decoder.layers." in global_name:
+                layers.add(int(global_name.split("decoder.layers.")[1].split(".")[0]))
+            if not is_expert_param(name):
+                continue
+            prefix, _, k = global_name.rpartition(".weight")
+            if not k.isdigit() or prefix.rsplit(".", 1)[-1] not in ("linear_fc1", "linear_fc2"):
+                raise NpuRlError(f"{name}: not an expert weight of the form ...linear_fc{{1,2}}.weight<k>; {SWITCH}=0")
+            layer = int(global_name.split("decoder.layers.")[1].split(".")[0])
+            family = "fc1" if prefix.endswith("linear_fc1") else "fc2"
+            local[(layer, family, mine["ep"] * per_rank + int(k))] = param.data
+            moe.add(layer)
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, (mine["pp"], sorted(layers), sorted(moe)))
+    stage_of: dict[int, int] = {}
+    moe_layers: set[int] = set()
+    for pp_rank, ls, ms in gathered:
+        stage_of.update(dict.fromkeys(ls, pp_rank))
+        moe_layers.update(ms)
+    if sorted(stage_of) != list(range(len(stage_of))):
+        raise NpuRlError(f"the decoder layers found on the ranks are not 0..n-1: {sorted(stage_of)}; {SWITCH}=0")
+    stages = tuple(stage_of[i] for i in range(len(stage_of)))
+    some = next(iter(local.values()))
+    shape = MoeShape(
+        experts=bridge.config.num_moe_experts,
+        layers=len(stages),
+        hidden=bridge.config.hidden_size,
+        ffn=bridge.config.moe_ffn_hidden_size,
+        dtype_bytes=some.element_size(),
+    )
+    return _plan(train, rollout, shape, stages, bucket_bytes, tuple(sorted(moe_layers))), local
+
+
+@lru_cache(maxsize=4)
+def _plan(train, rollout, shape, stages, bucket_bytes, moe_layers) -> ReshardPlan:
+    return build_plan(train, rollout, shape, stages, bucket_bytes, moe_layers)
