@@ -429,3 +429,43 @@ def test_sample_step_draws_each_prompts_own_samples():
     assert max(r.response_len for r in capped) <= 100
     with pytest.raises(SimError, match="prompt id 100"):
         sample_step(w, [100], 2, rng)
+
+
+# ---- sweep and plots --------------------------------------------------------------------------------------
+def test_sweep_reruns_the_comparison_over_the_published_ranges():
+    from npu_rl.sim.sweep import DEFAULT_LEVELS, sweep
+
+    reqs = [req(0, 10, 60), req(1, 10, 30)]
+
+    def ratio(cost):  # batching two sequences vs one at a time: the more the fixed t0, the more it saves
+        batched = simulate(reqs, cost, ReplicaConfig(n_replicas=1, max_num_seqs=2), PullRouting())
+        return (
+            batched.step_ms / simulate(reqs, cost, ReplicaConfig(n_replicas=1, max_num_seqs=1), PullRouting()).step_ms
+        )
+
+    s = sweep(ratio, C)
+    assert len(s.values) == np.prod([len(v) for v in DEFAULT_LEVELS.values()]) == 36
+    assert s.at_base == pytest.approx(ratio(C))
+    assert s.min <= s.median <= s.max and s.min < s.max  # the cost model moves the ratio
+    assert s.values[s.factors.index(s.argmax())] == s.max
+    assert s.argmin()["t0"] == 1.5 and s.argmax()["t0"] == 0.5
+    assert s.factors[0] == {"t0": 0.5, "t1": 0.6, "t2": 0.4}
+    assert "over 36 cost models" in s.summary()
+    with pytest.raises(SimError, match="coefficients are"):
+        sweep(ratio, C, {"t3": (1.0,)})
+
+
+def test_plots_write_pngs_of_the_timelines(tmp_path):
+    import matplotlib.image
+
+    from npu_rl.sim.plot import plot_running, plot_timelines, running_matrix
+
+    res = simulate([req(0, 10, 3), req(1, 10, 5)], C, ReplicaConfig(n_replicas=1), PullRouting())
+    assert running_matrix(res, [0.0, 10.0, 28.6, 40.0, 60.0]).tolist() == [[2, 2, 1, 1, 0]]
+    two = {"a": res, "b": simulate([req(0, 10, 9)], C, ReplicaConfig(n_replicas=3), PullRouting())}
+    for fn in (plot_timelines, plot_running):
+        out = fn(two, tmp_path / f"{fn.__name__}.png", title="t", time_unit="ms")
+        img = matplotlib.image.imread(out)
+        assert img.ndim == 3 and img.shape[0] > 100 and img.std() > 0
+    with pytest.raises(SimError, match="time_unit"):
+        plot_timelines(res, tmp_path / "x.png", time_unit="h")
