@@ -49,6 +49,7 @@ def plot_timelines(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     res = _as_dict(results)
     scale = {"s": 1e-3, "ms": 1.0}.get(time_unit)
@@ -58,7 +59,12 @@ def plot_timelines(
     times = np.linspace(0.0, t_end, bins)
     vmax = max(max((int(b.max()) for _, b in r.timeline), default=1) for r in res.values()) or 1
     fig, axes = plt.subplots(
-        len(res), 2, figsize=(12, 2.2 + 1.6 * len(res)), squeeze=False, gridspec_kw={"width_ratios": [4, 1]}
+        len(res),
+        2,
+        figsize=(12, 1.2 + 2.4 * len(res)),
+        squeeze=False,
+        gridspec_kw={"width_ratios": [4, 1]},
+        layout="constrained",
     )
     im = None
     for row, (label, r) in enumerate(res.items()):
@@ -80,6 +86,8 @@ def plot_timelines(
             r.lower_bound_ms * scale, color="white", lw=1, ls="--", label=f"lower bound ({r.ratio_to_lower_bound:.2f}x)"
         )
         ax.set_ylabel("replica")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        bx.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(
             f"{label}: running sequences per replica" if label else "running sequences per replica", fontsize=9
         )
@@ -92,7 +100,7 @@ def plot_timelines(
     axes[-1][0].set_xlabel(f"time ({time_unit})")
     axes[-1][1].set_xlabel("busy / step")
     if im is not None:
-        fig.colorbar(im, ax=[a[0] for a in axes], fraction=0.02, pad=0.01, label="running")
+        fig.colorbar(im, ax=[a[0] for a in axes], fraction=0.03, pad=0.01, label="running")
     if title:
         fig.suptitle(title)
     path = Path(path)

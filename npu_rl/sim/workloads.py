@@ -165,3 +165,32 @@ def sample_step(
             out.append(SimRequest(rid, g, ptok, int(length), predicted_len=pred, prompt_id=pid))
             rid += 1
     return out
+
+
+def lengths_from_survival(
+    lengths: Sequence[float],
+    frac_remaining: Sequence[float],
+    size: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Draw ``size`` response lengths (int tokens >= 1) whose survival function follows a published curve.
+
+    ``lengths`` (increasing) and ``frac_remaining`` (non-increasing, from <= 1 down to 0 at the last point)
+    are points of the fraction of responses still running at each length, e.g. the curves read from
+    published rollout figures (``rollout_traces/*.csv``). Between points the survival is linear (inverse
+    transform sampling). Raises :class:`~npu_rl.sim.model.SimError` on a curve that is not a survival
+    function.
+    """
+    x = np.asarray(lengths, dtype=np.float64)
+    f = np.asarray(frac_remaining, dtype=np.float64)
+    if x.ndim != 1 or x.shape != f.shape or len(x) < 2:
+        raise SimError("lengths_from_survival: give two 1-D sequences of the same length (>= 2 points)")
+    if (np.diff(x) <= 0).any() or (np.diff(f) > 0).any() or f[0] > 1 or f[-1] != 0 or (f < 0).any():
+        raise SimError(
+            "lengths_from_survival: lengths must increase and frac_remaining fall from <= 1 to exactly 0 "
+            f"(got lengths {x.tolist()[:4]}..., fractions {f.tolist()[:4]}...{f.tolist()[-1:]})"
+        )
+    u = rng.uniform(0.0, 1.0, size) * f[0]  # survival level of each draw
+    # survival is non-increasing: interpolate length as a function of survival on the reversed arrays
+    out = np.interp(u, f[::-1], x[::-1])
+    return np.maximum(1, np.round(out)).astype(np.int64)
