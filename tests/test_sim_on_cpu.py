@@ -111,46 +111,67 @@ def reference_step_by_step(reqs, cost, cfg, routing):
     finish = {}
     arrivals = sorted({r.arrival_ms for r in reqs})
 
-    def boundary(r, now):
-        """finish, preempt, admit at replica r; returns prefill ms."""
+    def finish_and_preempt(r, now):
         for x in [x for x in running[r] if x[1] >= by[x[0]].response_len]:
             running[r].remove(x)
             finish[x[0]] = now
             routing.on_finish(x[0], r, now)
         preempted = False
-        while sum(by[x[0]].prompt_len + x[1] for x in running[r]) > budget:
-            queue[r].insert(0, running[r].pop())
+        while kv(r) > budget:
+            queue[r].insert(0, running[r].pop())  # the most recently admitted
             preempted = True
-        lump = 0.0
-        while not preempted and len(running[r]) < cfg.max_num_seqs:
-            if not queue[r]:
-                rid = routing.next_for(r, now)
-                if rid is None:
-                    break
-                queue[r].append([rid, 0])
-            rid, g = queue[r][0]
-            p = by[rid].prompt_len
-            if sum(by[x[0]].prompt_len + x[1] for x in running[r]) + p + max(g, 1) > budget:
-                break
-            queue[r].pop(0)
-            new = p + g - (p if cfg.prefix_caching and by[rid].group in cached[r] else 0)
-            cached[r].add(by[rid].group)
-            lump += cost.prefill_ms(new, p + g) if new else 0.0
-            running[r].append([rid, max(g, 1)])
-        return lump
+        return preempted
+
+    def admit_one(r, now):
+        """Admit at most one request at replica r; returns (prefill ms, admitted?)."""
+        if len(running[r]) >= cfg.max_num_seqs:
+            return 0.0, False
+        if not queue[r]:
+            rid = routing.next_for(r, now)
+            if rid is None:
+                return 0.0, False
+            queue[r].append([rid, 0])
+        rid, g = queue[r][0]
+        p = by[rid].prompt_len
+        if kv(r) + p + max(g, 1) > budget:
+            return 0.0, False
+        queue[r].pop(0)
+        new = p + g - (p if cfg.prefix_caching and by[rid].group in cached[r] else 0)
+        cached[r].add(by[rid].group)
+        running[r].append([rid, max(g, 1)])
+        return (cost.prefill_ms(new, p + g) if new else 0.0), True
+
+    def boundary(group):
+        """Replicas at the same time: finish and preempt each, then admit one request per replica in turn."""
+        lumps = dict.fromkeys(group, 0.0)
+        turn = [r for r in group if not finish_and_preempt(r, clock[r])]
+        while turn:
+            still = []
+            for r in turn:
+                ms, ok = admit_one(r, clock[r])
+                lumps[r] += ms
+                if ok:
+                    still.append(r)
+            turn = still
+        return lumps
 
     def kv(r):
         return sum(by[x[0]].prompt_len + x[1] for x in running[r])
 
+    def done_waiting(group):
+        return any(x[1] >= by[x[0]].response_len for r in group for x in running[r])
+
+    everyone = list(range(cfg.n_replicas))
     if cfg.lockstep:
         now = 0.0
         while len(finish) < len(reqs):
             while True:
-                lumps = [boundary(r, now) for r in range(cfg.n_replicas)]
-                now += max(lumps)
-                if not any(x[1] >= by[x[0]].response_len for rr in running for x in rr):
+                for r in everyone:
+                    clock[r] = now
+                now += max(boundary(everyone).values())
+                if not done_waiting(everyone):
                     break
-            active = [r for r in range(cfg.n_replicas) if running[r]]
+            active = [r for r in everyone if running[r]]
             if not active:
                 if len(finish) == len(reqs):
                     break
@@ -163,25 +184,31 @@ def reference_step_by_step(reqs, cost, cfg, routing):
                 for x in running[r]:
                     x[1] += 1
         return finish
-    # independent replicas: process replicas in time order, one iteration at a time
-    events = [(0.0, r) for r in range(cfg.n_replicas)]
+    # independent replicas: in time order, one iteration at a time; replicas at the same time act together
+    events = [(0.0, r) for r in everyone]
     heapq.heapify(events)
     while len(finish) < len(reqs):
         now, r = heapq.heappop(events)
-        clock[r] = now
+        group = [r]
+        while events and events[0][0] == now:
+            group.append(heapq.heappop(events)[1])
+        for r in group:
+            clock[r] = now
         while True:
-            clock[r] += boundary(r, clock[r])
-            if not any(x[1] >= by[x[0]].response_len for x in running[r]):
+            for r, ms in boundary(group).items():
+                clock[r] += ms
+            if not done_waiting(group):
                 break
-        if running[r]:
-            clock[r] += cost.decode_ms(len(running[r]), kv(r))
-            for x in running[r]:
-                x[1] += 1
-            heapq.heappush(events, (clock[r], r))
-        else:  # idle: look again at the next moment anything can change (another replica's step, an arrival)
-            later = [t for t, _ in events if t > clock[r]] + [a for a in arrivals if a > clock[r]]
-            if later:
-                heapq.heappush(events, (min(later), r))
+        for r in group:
+            if running[r]:
+                clock[r] += cost.decode_ms(len(running[r]), kv(r))
+                for x in running[r]:
+                    x[1] += 1
+                heapq.heappush(events, (clock[r], r))
+            else:  # idle: look again at the next moment anything can change (another replica's step, an arrival)
+                later = [t for t, _ in events if t > clock[r]] + [a for a in arrivals if a > clock[r]]
+                if later:
+                    heapq.heappush(events, (min(later), r))
     return finish
 
 
@@ -302,6 +329,10 @@ def test_pull_routing_admits_longest_predicted_first():
     assert np.argsort(res.admit_ms, kind="stable").tolist() == [1, 3, 2, 0, 4]
     fifo = simulate([req(i, 5, 3) for i in range(5)], C, ReplicaConfig(n_replicas=1, max_num_seqs=1), PullRouting())
     assert np.argsort(fifo.admit_ms, kind="stable").tolist() == [0, 1, 2, 3, 4]
+    # replicas free at the same time take turns: the k-th longest goes to replica k mod R, not all to replica 0
+    many = [req(i, 5, 3, pred=100 - i) for i in range(12)]
+    dealt = simulate(many, C, ReplicaConfig(n_replicas=4, max_num_seqs=8), PullRouting())
+    assert dealt.replica.tolist() == [k % 4 for k in range(12)]
 
 
 def test_pull_routing_fills_free_slots_on_demand():
@@ -469,3 +500,17 @@ def test_plots_write_pngs_of_the_timelines(tmp_path):
         assert img.ndim == 3 and img.shape[0] > 100 and img.std() > 0
     with pytest.raises(SimError, match="time_unit"):
         plot_timelines(res, tmp_path / "x.png", time_unit="h")
+
+
+def test_lengths_from_survival_follow_the_curve():
+    from npu_rl.sim.workloads import lengths_from_survival
+
+    # the published Qwen3-235B per-DP curve (rollout_traces/qwen3_235b_per_dp_survival_approx.csv)
+    xs = [0, 1000, 2500, 5000, 7500, 10000, 12500, 15000, 17500, 20000, 25000, 30000, 33000]
+    fs = [1.0, 1.0, 0.918, 0.605, 0.371, 0.227, 0.148, 0.086, 0.051, 0.031, 0.012, 0.004, 0.0]
+    lens = lengths_from_survival(xs, fs, 20_000, np.random.default_rng(0))
+    for x, f in zip(xs, fs, strict=True):
+        assert (lens > x).mean() == pytest.approx(f, abs=0.01)
+    assert lens.min() >= 1000 and lens.max() <= 33000
+    with pytest.raises(SimError, match="fall from"):
+        lengths_from_survival([0, 10], [1.0, 0.5], 5, np.random.default_rng(0))
