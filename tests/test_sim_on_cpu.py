@@ -514,3 +514,41 @@ def test_lengths_from_survival_follow_the_curve():
     assert lens.min() >= 1000 and lens.max() <= 33000
     with pytest.raises(SimError, match="fall from"):
         lengths_from_survival([0, 10], [1.0, 0.5], 5, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("lockstep", [False, True])
+def test_migration_and_truncation_policies_keep_the_books(lockstep):
+    """A policy that moves the longest-running request of the busiest replica to an idle one, and one that
+    truncates stragglers: every request ends once, tokens add up, the bound holds for full lengths."""
+    rng = np.random.default_rng(5)
+
+    def migrate(state):
+        counts = [len(state.running(r)) for r in range(state.n_replicas)]
+        idle = [r for r, c in enumerate(counts) if c == 0 and not state.waiting(r)]
+        busiest = int(np.argmax(counts))
+        if idle and counts[busiest] > 1:
+            rid = max(state.running(busiest), key=state.generated)
+            state.abort(rid, to_replica=idle[0])
+
+    def guard(state):
+        if state.n_finished >= 0.8 * state.n_requests:
+            for r in range(state.n_replicas):
+                for rid in state.running(r):
+                    if state.generated(rid) > 50:
+                        state.truncate(rid)
+
+    n_moved = n_cut = 0
+    for _ in range(8):
+        reqs = random_step(rng, 6, 4, 300)
+        cfg = ReplicaConfig(n_replicas=3, max_num_seqs=4, kv_budget_tokens=2000, lockstep=lockstep)
+        moved = simulate(reqs, C, cfg, PullRouting(), on_finish=migrate)
+        assert (moved.generated == [r.response_len for r in reqs]).all() and not moved.tokens_lost.any()
+        assert moved.step_ms >= moved.lower_bound_ms
+        assert moved.reprefill_tokens >= moved.aborts.sum()  # each move re-prefills at least its own tokens
+        n_moved += int(moved.aborts.sum())
+        cut = simulate(reqs, C, cfg, VerlDefaultRouting(), on_finish=guard)
+        assert (cut.generated + cut.tokens_lost == [r.response_len for r in reqs]).all()
+        assert ((cut.tokens_lost > 0) <= (cut.aborts > 0)).all()
+        assert (cut.finish_ms >= cut.admit_ms).all() and (cut.generated[cut.tokens_lost > 0] > 50).all()
+        n_cut += int((cut.tokens_lost > 0).sum())
+    assert n_moved > 0 and n_cut > 0
