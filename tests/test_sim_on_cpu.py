@@ -231,7 +231,9 @@ def test_event_driven_matches_the_step_by_step_reference(lockstep, routing_name)
     rng = np.random.default_rng(7 + lockstep + 2 * (routing_name == "pull"))
     cost = CostModel(t0=5.0, t1=0.7, t2=0.05, prefill_per_token=0.02)
     for trial in range(12):
-        reqs = random_step(rng, n_groups=int(rng.integers(1, 6)), n=int(rng.integers(1, 4)), max_len=40)
+        reqs = random_step(
+            rng, n_groups=int(rng.integers(1, 6)), n=int(rng.integers(1, 4)), max_len=40, predicted=bool(trial % 2)
+        )
         cfg = ReplicaConfig(
             n_replicas=int(rng.integers(1, 4)),
             max_num_seqs=int(rng.integers(1, 5)),
@@ -254,13 +256,14 @@ def test_event_driven_matches_reference_with_arrivals():
     rng = np.random.default_rng(3)
     cost = CostModel(t0=5.0, t1=0.7, t2=0.05, prefill_per_token=0.0)
     for lockstep in (False, True):
-        for _ in range(6):
-            reqs = random_step(rng, 4, 2, 30, arrivals=True)
-            cfg = ReplicaConfig(n_replicas=2, max_num_seqs=3, lockstep=lockstep)
-            res = simulate(reqs, cost, cfg, VerlDefaultRouting(num_workers=1))
-            ref = reference_step_by_step(reqs, cost, cfg, VerlDefaultRouting(num_workers=1))
-            assert res.finish_ms.tolist() == pytest.approx([ref[r.rid] for r in reqs], rel=1e-9)
-            assert all(res.admit_ms[k] >= r.arrival_ms for k, r in enumerate(reqs))
+        for trial in range(12):
+            reqs = random_step(rng, 4, 2, 30, arrivals=True, predicted=bool(trial % 2))
+            cfg = ReplicaConfig(n_replicas=int(rng.integers(2, 4)), max_num_seqs=3, lockstep=lockstep)
+            for make in (lambda: VerlDefaultRouting(num_workers=1), PullRouting):
+                res = simulate(reqs, cost, cfg, make())
+                ref = reference_step_by_step(reqs, cost, cfg, make())
+                assert res.finish_ms.tolist() == pytest.approx([ref[r.rid] for r in reqs], rel=1e-9)
+                assert all(res.admit_ms[k] >= r.arrival_ms for k, r in enumerate(reqs))
 
 
 # ---- lower bound ------------------------------------------------------------------------------------------

@@ -448,38 +448,34 @@ class _Engine:
         return max(0, min(m, rep.next_m))
 
     def _touch(self, rep: _Replica, now: float, need_room: bool) -> None:
-        """Bring rep to its first boundary at or after now and run it (admit/abort), if before its event."""
+        """Give rep an event at its first iteration boundary at or after ``now`` (an idle replica: ``now``),
+        unless its own event comes first; there it admits / aborts. Events run in time order, and replicas
+        whose events coincide act together (round-robin admission)."""
         if need_room and (rep.b >= self.cfg.max_num_seqs or rep.localq):
             return
         if rep.b == 0:
-            rep.clock = max(rep.clock, now)
+            t, m = max(rep.clock, now), 0
+            if rep.next_t <= t:
+                return
+            rep.clock = t
         else:
             m = self._iters_to_reach(rep, now - rep.clock)
             if m >= rep.next_m:
                 return  # its own event comes first (or at the same boundary): handled there
-            self._advance(rep, m)
-        self._boundary(rep)
-        self._schedule(rep)
+            t = rep.clock + self.cost.decode_run_ms(rep.b, rep.kv, m)
+        rep.version += 1
+        rep.next_m, rep.next_t = m, t
+        heapq.heappush(self.events, (t, self.seq, rep.r, rep.version))
+        self.seq += 1
 
     def _settle(self, now: float) -> None:
-        for _ in range(4 * len(self.reps) + 4):
-            if not (self.poke or self.wake):
-                return
-            pokes, self.poke = sorted(self.poke), set()
-            for r in pokes:
-                self._touch(self.reps[r], now, need_room=False)
-            if self.wake:
-                self.wake = False
-                idle = [rep for rep in self.reps if rep.b == 0 and not rep.localq]
-                for rep in idle:
-                    rep.clock = max(rep.clock, now)
-                if idle:  # idle replicas take their turns together (round-robin)
-                    self._boundary_group(idle)
-                    for rep in idle:
-                        self._schedule(rep)
-                for rep in self.reps:
-                    if rep.b > 0:
-                        self._touch(rep, now, need_room=True)
+        pokes, self.poke = sorted(self.poke), set()
+        for r in pokes:
+            self._touch(self.reps[r], now, need_room=False)
+        if self.wake:
+            self.wake = False
+            for rep in self.reps:
+                self._touch(rep, now, need_room=True)
 
     def run_independent(self, arrivals: list[float]) -> None:
         self._boundary_group(self.reps)
