@@ -285,3 +285,48 @@ def test_v1_hook_reads_lengths_from_tags_and_skips_padding(gsm8k_parquet, tok):
     m = update_from_v1_batch(s, meta, _TqReader({"a_0_0": 7, "a_1_0": 7, "b_0_0": 2}))
     assert s.predict(7) == 200.0 and s.predict(2) == 50.0 and m["sampler/seen_frac"] == 0.0
     assert update_from_v1_batch(object(), meta, None) == {}  # a sampler without update(): nothing
+
+
+# ---- preflight ------------------------------------------------------------------------------------
+def test_preflight_accepts_the_reference_names_and_refuses_bad_sampler_settings():
+    from npu_rl.preflight import run_preflight
+    from tests.test_preflight_on_cpu import BASE, ENV_2X16
+
+    ref = [  # the reference recipe's lines, verbatim (its class_path is an alias)
+        "data.sampler.class_path=pkg://verl.experimental.dataset.length_bucket_sampler",
+        "data.sampler.class_name=LengthAwareEpochSampler",
+        "+data.sampler.bucket_size=1024",
+        "+data.sampler.ema_decay=0.7",
+        "+data.sampler.shuffle_batch_blocks=True",
+        "data.dataloader_num_workers=0",
+        "data.shuffle=False",
+    ]
+    r = run_preflight([*BASE, *ref], ENV_2X16)
+    assert r.ok, r.render()
+    assert "length-aware resampler" in dict(r.plan)["features on"]
+    assert [w.key for w in r.report.warnings if w.key.startswith("data.sampler")] == ["data.sampler.class_path"]
+
+    bad = run_preflight(
+        [
+            *BASE,
+            "data.sampler.class_name=LengthAwareEpochSampler",
+            "+data.sampler.bucket_szie=512",
+            "+data.sampler.ema_decay=1.5",
+        ],
+        {**ENV_2X16, "VLLM_ROLLOUT_EARLY_STOP_FACTOR": "two"},
+    )
+    e = {p.key: p for p in bad.report.errors}
+    assert "needs 0" in e["data.dataloader_num_workers"].message  # verl's default of 8 workers
+    assert e["data.sampler.bucket_szie"].fix == "did you mean +data.sampler.bucket_size?"
+    assert "not in [0, 1)" in e["data.sampler.ema_decay"].message
+    assert "'two' is not a number" in e["VLLM_ROLLOUT_EARLY_STOP_FACTOR"].message
+    off = run_preflight([*BASE, "+data.sampler.bucket_size=512"], ENV_2X16)
+    assert off.ok and any("do nothing" in w.message for w in off.report.warnings)
+
+
+def test_the_32b_recipe_switches_the_sampler_on_and_passes_the_dry_run():
+    from npu_rl.recipes import dry_run
+
+    rc, out, _ = dry_run(REPO_ROOT / "recipes/qwen3-32b/grpo_32die.sh", REPO_ROOT / "recipes/qwen3-32b/env_2node.sh")
+    assert rc == 0, out
+    assert "features on     length-aware resampler" in out
