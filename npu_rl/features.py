@@ -71,6 +71,7 @@ FEATURES: tuple[Feature, ...] = (
             "VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS",
             "VLLM_ROLLOUT_EARLY_STOP_FINISHED_FRACTION",
         ),
+        patches=("verl/0004-verl-feature-long-tail-guard.patch",),
     ),
     Feature(
         "SAM speculative decoding",

@@ -61,3 +61,47 @@ def test_replica_bookkeeping_cuts_each_request_once_and_reports_metrics():
         "guard/threshold": 1100.0,
     }
     assert g.new_step()["guard/cut_count"] == 0.0
+
+
+def test_server_glue_aborts_through_the_server_and_reports_cuts_as_length():
+    import asyncio
+
+    from npu_rl.sampler.guard import ServerGuard
+
+    now = [0.0]
+    g = ServerGuard(P, interval_s=1.0, clock=lambda: now[0])
+    aborted: list[str] = []
+
+    async def abort(rid):  # the server's abort_request: the request then returns with finish reason "abort"
+        aborted.append(rid)
+
+    async def run():
+        for r in "abcd":
+            g.begin(7, r)
+        for r, n in zip("abc", [100, 200, 300], strict=True):
+            await g.observe(r, n, abort)
+            assert not g.end(r, n, aborted=False)
+        await g.observe("d", 5000, abort)  # 3 of 4 finished: median 200 -> threshold 1000; but throttled
+        assert aborted == []
+        now[0] = 1.5
+        await g.observe("d", 5001, abort)
+        assert aborted == ["d"]
+        return g.end("d", 5002, aborted=True)
+
+    assert asyncio.run(run()) is True  # the server reports stop_reason "length": not resumed by verl's client
+    g.begin(8, "e")  # the next training step (weights synced): the last step's metrics
+    assert g.last_metrics["guard/cut_count"] == 1.0 and g.last_metrics["guard/cut_len_mean"] == 5002
+
+
+def test_server_guard_is_off_unless_switched_on(monkeypatch):
+    from npu_rl.sampler.guard import ServerGuard, server_guard
+
+    class Server:
+        global_steps = 3
+
+    monkeypatch.delenv("VLLM_ROLLOUT_EARLY_STOP_ENABLE", raising=False)
+    assert server_guard(Server(), "r1") is None
+    monkeypatch.setenv("VLLM_ROLLOUT_EARLY_STOP_ENABLE", "1")
+    s = Server()
+    first = server_guard(s, "r1")
+    assert isinstance(first, ServerGuard) and server_guard(s, "r2") is first and first.step == 3

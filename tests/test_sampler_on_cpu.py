@@ -320,6 +320,12 @@ def test_preflight_accepts_the_reference_names_and_refuses_bad_sampler_settings(
     assert e["data.sampler.bucket_szie"].fix == "did you mean +data.sampler.bucket_size?"
     assert "not in [0, 1)" in e["data.sampler.ema_decay"].message
     assert "'two' is not a number" in e["VLLM_ROLLOUT_EARLY_STOP_FACTOR"].message
+    sglang = run_preflight(
+        [*BASE, "actor_rollout_ref.rollout.name=sglang"], {**ENV_2X16, "VLLM_ROLLOUT_EARLY_STOP_ENABLE": "1"}
+    )
+    assert (
+        "hooks verl's vLLM server" in {p.key: p for p in sglang.report.errors}["VLLM_ROLLOUT_EARLY_STOP_ENABLE"].message
+    )
     off = run_preflight([*BASE, "+data.sampler.bucket_size=512"], ENV_2X16)
     assert off.ok and any("do nothing" in w.message for w in off.report.warnings)
 

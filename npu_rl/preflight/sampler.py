@@ -22,10 +22,18 @@ def check_sampler(cfg, env: Mapping[str, str], report: Report) -> None:
     from npu_rl.sampler.guard import GuardParams
 
     try:
-        GuardParams.from_env(env)
+        guard = GuardParams.from_env(env)
     except ValueError as e:
+        guard = None
         key = str(e).split("=", 1)[0]
         report.error(key, str(e).split(": ", 1)[-1] if ": " in str(e) else str(e), "fix the value in the ENV_SCRIPT")
+    rollout = str(sel(cfg, "actor_rollout_ref.rollout.name", "vllm"))
+    if guard is not None and rollout != "vllm":
+        report.error(
+            "VLLM_ROLLOUT_EARLY_STOP_ENABLE",
+            f"the long-tail guard hooks verl's vLLM server, but actor_rollout_ref.rollout.name={rollout}",
+            "use actor_rollout_ref.rollout.name=vllm, or unset VLLM_ROLLOUT_EARLY_STOP_ENABLE",
+        )
 
     block = sel(cfg, SAMPLER, None)
     if block is None:

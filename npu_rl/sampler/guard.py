@@ -15,6 +15,7 @@ see ``docs/resampler.md`` for what is wired into verl.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,7 +24,9 @@ import numpy as np
 
 from npu_rl.features import env_flag
 
-__all__ = ["ENV", "GuardParams", "LongTailGuard", "stragglers_to_abort"]
+__all__ = ["ENV", "GuardParams", "LongTailGuard", "ServerGuard", "server_guard", "stragglers_to_abort"]
+
+logger = logging.getLogger(__name__)
 
 ENV = {
     "enable": "VLLM_ROLLOUT_EARLY_STOP_ENABLE",
@@ -155,3 +158,65 @@ class LongTailGuard:
         for r in chosen:
             self._cut[r] = self._running[r]
         return chosen
+
+
+class ServerGuard:
+    """The guard of one vLLM server (one rollout replica), driven from ``vLLMHttpServer.generate``.
+
+    verl patch ``*-verl-feature-long-tail-guard`` calls :func:`server_guard` once per request,
+    :meth:`observe` on every streamed (cumulative) vLLM output and :meth:`end` when the request
+    returns. A new step starts when the server's ``global_steps`` changes (verl sets it at every
+    weight sync); the finished step's ``guard/*`` metrics are logged then and kept in
+    :attr:`last_metrics`. ``abort`` is the server's ``abort_request`` (tokens so far come back with
+    finish reason "abort"); :meth:`decide` runs at most every ``interval_s`` seconds (it is O(running)).
+    """
+
+    def __init__(self, params: GuardParams, interval_s: float = 1.0, clock=None) -> None:
+        import time
+
+        self.guard = LongTailGuard(params)
+        self.interval_s = interval_s
+        self.clock = clock or time.monotonic
+        self.step = None
+        self.last_metrics: dict[str, float] = {}
+        self._next_decision = 0.0
+
+    def begin(self, step, request_id: str) -> None:
+        """A request of training step ``step`` starts."""
+        if step != self.step:
+            if self.step is not None:
+                self.last_metrics = self.guard.new_step()
+                if self.last_metrics.get("guard/cut_count"):
+                    logger.warning("long-tail guard, step %s: %s", self.step, self.last_metrics)
+            self.step = step
+        self.guard.start(request_id)
+
+    async def observe(self, request_id: str, n_tokens: int, abort) -> None:
+        """Record ``n_tokens`` generated so far; every ``interval_s`` abort the stragglers via ``abort(rid)``."""
+        self.guard.progress(request_id, n_tokens)
+        now = self.clock()
+        if now < self._next_decision:
+            return
+        self._next_decision = now + self.interval_s
+        for rid in self.guard.decide():
+            await abort(rid)
+
+    def end(self, request_id: str, n_tokens: int, aborted: bool) -> bool:
+        """The request returned with ``n_tokens``; True when the guard cut it (report it as truncated:
+        ``stop_reason="length"``, so verl's client does not resume it as a paused partial rollout)."""
+        cut = self.guard.was_cut(request_id)
+        self.guard.finish(request_id, n_tokens, aborted=aborted)
+        return cut
+
+
+def server_guard(server, request_id: str) -> ServerGuard | None:
+    """The :class:`ServerGuard` of a verl vLLM server (created on first use), with ``request_id`` begun;
+    None when ``VLLM_ROLLOUT_EARLY_STOP_ENABLE`` is off (the environment is read once per server)."""
+    guard = getattr(server, "_npu_rl_long_tail_guard", "unset")
+    if guard == "unset":
+        params = GuardParams.from_env()
+        guard = ServerGuard(params) if params is not None else None
+        server._npu_rl_long_tail_guard = guard
+    if guard is not None:
+        guard.begin(getattr(server, "global_steps", None), request_id)
+    return guard
