@@ -262,16 +262,19 @@ def test_checkpoint_mid_epoch_resumes_the_identical_sequence(gsm8k_parquet, tok)
 
 
 class _TqReader:
-    """Reads the dataset_index field of trajectory keys, as TransferQueue's kv_batch_get returns it."""
+    """TransferQueue's kv_batch_get for the dataset_index field, over rows stored the way verl's agent
+    loop writes trajectories (``list_of_dict_to_tensordict`` of the prompt fields)."""
 
     def __init__(self, index_of: dict[str, int]):
-        self.index_of = index_of
+        from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+        self.keys = list(index_of)
+        self.store = list_of_dict_to_tensordict([{"dataset_index": i, "x": 0.0} for i in index_of.values()])
 
     def kv_batch_get(self, keys, partition_id, select_fields):
-        from tensordict import TensorDict
-
         assert partition_id == "train" and select_fields == ["dataset_index"]
-        return TensorDict({"dataset_index": torch.tensor([self.index_of[k] for k in keys])}, batch_size=[len(keys)])
+        col = self.store.select(*select_fields)["dataset_index"]
+        return {"dataset_index": [col[self.keys.index(k)] for k in keys]}
 
 
 def test_v1_hook_reads_lengths_from_tags_and_skips_padding(gsm8k_parquet, tok):
