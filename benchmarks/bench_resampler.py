@@ -23,9 +23,10 @@ distribution, like similar prompts of a larger dataset.
 Reported per recipe and workload, over epochs 1.. (after the first, learning epoch): generation time
 per epoch, the length-aware reduction versus random, and each order's ratio to the lower bound (the
 sum over steps of ``max(longest response, total work / capacity)``, :func:`npu_rl.sim.lower_bound`).
-``--sweep`` repeats the 32B comparison over the cost model's uncertainty corners (REFERENCE §7: t0
-+-50%, t1 x1-6, t2 x0.4-1.6). ``--guard`` adds the long-tail guard on top of random order (cut
-fraction and time saved; see docs/resampler.md). Prints ratios measured in this one run.
+``--sweep`` repeats the 32B comparison over 18 cost models spanning REFERENCE §7's uncertainty (t0
++-50%, t1 x1-6, t2 x0.4-1.6) with :func:`npu_rl.sim.sweep.sweep` (fresh length draws). ``--guard``
+adds the long-tail guard on top of random order (cut fraction and time saved; see docs/resampler.md).
+Prints ratios measured in this one run.
 """
 
 from __future__ import annotations
@@ -47,8 +48,12 @@ from npu_rl.sampler.core import OrderParams, epoch_order  # noqa: E402
 from npu_rl.sampler.guard import GuardParams, stragglers_to_abort  # noqa: E402
 from npu_rl.sim import CostModel, ReplicaConfig, SimRequest, simulate  # noqa: E402
 from npu_rl.sim.routing import VerlDefaultRouting  # noqa: E402
+from npu_rl.sim.sweep import sweep  # noqa: E402
 from npu_rl.sim.workloads import Workload, load_workload  # noqa: E402
 from npu_rl.table import format_table  # noqa: E402
+
+# Corners and middle of REFERENCE §7's uncertainty (t0 +-50%, t1 up to 6x, t2 x0.4-1.6): 18 cost models.
+SWEEP_LEVELS = {"t0": (0.5, 1.0, 1.5), "t1": (1.0, 6.0), "t2": (0.4, 1.0, 1.6)}
 
 
 @dataclass(frozen=True)
@@ -275,20 +280,20 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['guard_cut']:.2%} of responses cut, {r['guard_lost']:.2%} of tokens lost"
             )
     if args.sweep:
-        print("\n32B sensitivity (length-aware reduction vs random, epochs 1..):")
+        print("\n32B sensitivity of the length-aware reduction vs random over the cost model (npu_rl.sim.sweep):")
         recipe = RECIPES["32B"]
         for wname in args.workloads.split(","):
             w = get_workload(wname)
             rows_pid = pool(w, recipe, args.steps)
             lengths = draw_lengths(w, rows_pid, recipe.n, args.epochs, recipe.max_response, rng)
-            cuts = []
-            for t0, t1, t2 in itertools.product((0.5, 1.5), (1.0, 6.0), (0.4, 1.6)):
-                cost = recipe.cost.scaled(t0=t0, t1=t1, t2=t2)
+
+            def reduction(cost, w=w, rows_pid=rows_pid, lengths=lengths):
                 a = summarize(replay(w, recipe, cost, rows_pid, lengths, "random", args.seed))[0]
                 b = summarize(replay(w, recipe, cost, rows_pid, lengths, "length-aware", args.seed))[0]
-                cuts.append(1 - b / a)
-                print(f"  {wname:16} t0 x{t0:<3} t1 x{t1:<3} t2 x{t2:<3}: {1 - b / a:6.1%}")
-            print(f"  {wname:16} range {min(cuts):.1%} .. {max(cuts):.1%}")
+                return 1 - b / a
+
+            res = sweep(reduction, recipe.cost, SWEEP_LEVELS)
+            print(f"  {wname:16} {res.summary('reduction', '.1%')}")
     if args.plot:
         plot(plot_data, args.plot)
         print(f"\nplot: {args.plot}")
