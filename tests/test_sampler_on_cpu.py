@@ -339,3 +339,24 @@ def test_the_32b_recipe_switches_the_sampler_on_and_passes_the_dry_run():
     rc, out, _ = dry_run(REPO_ROOT / "recipes/qwen3-32b/grpo_32die.sh", REPO_ROOT / "recipes/qwen3-32b/env_2node.sh")
     assert rc == 0, out
     assert "features on     length-aware resampler" in out
+
+
+def test_other_samplers_load_through_class_path_as_in_verl_0_7(gsm8k_parquet, tok, tmp_path):
+    from verl.trainer.ppo.utils import create_rl_sampler
+
+    (tmp_path / "my_sampler.py").write_text(
+        "import torch.utils.data\n"
+        "class Reverse(torch.utils.data.Sampler):\n"
+        "    def __init__(self, data_source, data_config):\n"
+        "        self.n = len(data_source)\n"
+        "    def __iter__(self):\n"
+        "        return iter(range(self.n - 1, -1, -1))\n"
+        "    def __len__(self):\n"
+        "        return self.n\n"
+    )
+    cfg = _verl_config(
+        *SAMPLER_ON[1:], f"data.sampler.class_path={tmp_path / 'my_sampler.py'}", "data.sampler.class_name=Reverse"
+    )
+    s = create_rl_sampler(cfg.data, _dataset(gsm8k_parquet, tok))
+    assert list(s)[:3] == [19, 18, 17]
+    assert update_from_dataproto(s, None) == {}  # no update(): the trainer hook leaves it alone
