@@ -10,7 +10,8 @@ the sampler plug-in (PR #6302); the verl patch ``*-verl-feature-length-aware-sam
 Read API for other features (the rollout rebalance dispatcher): :func:`active_sampler` returns the
 sampler the trainer built in this process (or None); its :meth:`LengthAwareEpochSampler.predict`
 gives one prompt's predicted response length and :meth:`LengthAwareEpochSampler.predictions` all of
-them, keyed by dataset position (the ``dataset_index`` field the patch adds to every row).
+them, keyed by dataset position (the ``dataset_index`` field the patch adds to every row). The registry
+is per process (the trainer driver builds the sampler): other Ray actors do not see it.
 """
 
 from __future__ import annotations
