@@ -82,9 +82,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / "docs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-sweep", action="store_true", help="skip the sensitivity sweeps (faster)")
+    ap.add_argument("--steps", type=int, default=10, help="sampled 32B steps per workload (default 10)")
     args = ap.parse_args(argv)
     traces = args.data_dir / "rollout_traces"
-    rng = np.random.default_rng(args.seed)
+    rng = np.random.default_rng([args.seed, 2])
 
     # ---- 1. tail shapes ------------------------------------------------------------------------------
     ds_x, ds_f = read_curve(traces / "dsv3_256die_running_vs_decode_step.csv", "decode_step", "frac_remaining")
@@ -124,6 +125,14 @@ def main(argv=None) -> int:
     times = np.linspace(0, r235.step_ms, 2000)
     mat = running_matrix(r235, times)
     print(f"  max running on any rank: {int(mat.max())} (max_num_seqs 256)")
+    w = wl["skyt1"]
+    sky235 = sample_step(w, rng.integers(0, w.n_prompts, 512), 16, rng)
+    r = simulate(sky235, cost235, cfg235, VerlDefaultRouting(seed=args.seed))
+    print(
+        f"  same recipe on Sky-T1 lengths (mean {np.mean([q.response_len for q in sky235]):.0f}): "
+        f"{r.step_ms / 1e3:.0f} s, LB ratio {r.ratio_to_lower_bound:.2f}, KV preemptions {int(r.preemptions.sum())}, "
+        f"idle {r.idle_fraction.mean():.2f}, share with <= 1.2% running {tail_share(r, int(0.012 * len(sky235))):.2f}"
+    )
     if not args.no_sweep:
         s = sweep(
             lambda c: simulate(reqs235, c, cfg235, VerlDefaultRouting(seed=args.seed)).step_ms / 1e3 / 7841.0, cost235
@@ -133,20 +142,37 @@ def main(argv=None) -> int:
     # ---- 3. 32B recipe --------------------------------------------------------------------------------
     cost32 = CostModel.qwen3_32b_tp8_a3_graph()
     cfg32 = ReplicaConfig.qwen3_32b_recipe()
-    print("\n== 3. Qwen3-32B recipe (1024 requests, 4 x TP8, graph mode)")
-    runs = {"published 235B curve": curve_requests(q_x, q_f, 64, 16, rng, prompt_len=200)}
-    for name in ("skyt1", "skyt1_long", "qwen25math_maj8"):
+    print(f"\n== 3. Qwen3-32B recipe (1024 requests, 4 x TP8, graph mode); {args.steps} sampled steps: mean [min, max]")
+    rng3 = np.random.default_rng([args.seed, 3])
+
+    def draw(name):
+        if name == "published 235B curve":
+            return curve_requests(q_x, q_f, 64, 16, rng3, prompt_len=200)
         w = wl[name]
-        runs[name] = sample_step(w, rng.integers(0, w.n_prompts, 64), 16, rng)
-    results = {}
-    for name, reqs in runs.items():
-        res = simulate(reqs, cost32, cfg32, VerlDefaultRouting(seed=args.seed))
-        results[name] = res
+        return sample_step(w, rng3.integers(0, w.n_prompts, 64), 16, rng3)
+
+    def fmt(vals, f):
+        return f"{np.mean(vals):{f}} [{np.min(vals):{f}}, {np.max(vals):{f}}]"
+
+    runs, results = {}, {}
+    for name in ("published 235B curve", "skyt1", "skyt1_long", "qwen25math_maj8"):
+        stats = {k: [] for k in ("len", "step", "lb", "tail8", "tail8r", "idle")}
+        for k in range(args.steps):
+            reqs = draw(name)
+            res = simulate(reqs, cost32, cfg32, VerlDefaultRouting(seed=args.seed))
+            if k == 0:
+                runs[name], results[name] = reqs, res
+            stats["len"].append(np.mean([r.response_len for r in reqs]))
+            stats["step"].append(res.step_ms / 1e3)
+            stats["lb"].append(res.ratio_to_lower_bound)
+            stats["tail8"].append(tail_share(res, 8))
+            stats["tail8r"].append(tail_share(res, 8, per_replica=True))
+            stats["idle"].append(res.idle_fraction.mean())
         print(
-            f"  {name:22s} mean len {np.mean([r.response_len for r in reqs]):6.0f}  step {res.step_ms / 1e3:7.1f} s  "
-            f"LB ratio {res.ratio_to_lower_bound:.2f}  share with <=8 running (total) {tail_share(res, 8):.2f}  "
-            f"(per replica, busy) {tail_share(res, 8, per_replica=True):.2f}  idle {res.idle_fraction.mean():.2f}  "
-            f"<=1.2% running {tail_share(res, int(0.012 * len(reqs))):.2f}"
+            f"  {name:20s} mean len {np.mean(stats['len']):6.0f}  step s {fmt(stats['step'], '.0f')}  "
+            f"LB ratio {fmt(stats['lb'], '.2f')}  idle {fmt(stats['idle'], '.2f')}\n"
+            f"  {'':20s} share of step with <=8 running: all replicas {fmt(stats['tail8'], '.2f')}, "
+            f"per replica while busy {fmt(stats['tail8r'], '.2f')}"
         )
     print(f"  published 32B 2K/34K generate time (graph mode + SAM): {PUBLISHED_32B_S:.0f} s; tail <=8 running: 34%")
     if not args.no_sweep:
@@ -155,10 +181,10 @@ def main(argv=None) -> int:
             lambda c: simulate(reqs, c, cfg32, VerlDefaultRouting(seed=args.seed)).step_ms / 1e3 / PUBLISHED_32B_S,
             cost32,
         )
-        print("  sweep:", s.summary("simulated (235B curve) / published 1621 s", ".2f"))
+        print("  sweep (first step):", s.summary("simulated (235B curve) / published 1621 s", ".2f"))
         reqs = runs["skyt1"]
         s = sweep(lambda c: simulate(reqs, c, cfg32, VerlDefaultRouting(seed=args.seed)).ratio_to_lower_bound, cost32)
-        print("  sweep:", s.summary("Sky-T1 step / lower bound", ".2f"))
+        print("  sweep (first step):", s.summary("Sky-T1 step / lower bound", ".2f"))
 
     # ---- plots ----------------------------------------------------------------------------------------
     import matplotlib

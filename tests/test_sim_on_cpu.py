@@ -111,46 +111,67 @@ def reference_step_by_step(reqs, cost, cfg, routing):
     finish = {}
     arrivals = sorted({r.arrival_ms for r in reqs})
 
-    def boundary(r, now):
-        """finish, preempt, admit at replica r; returns prefill ms."""
+    def finish_and_preempt(r, now):
         for x in [x for x in running[r] if x[1] >= by[x[0]].response_len]:
             running[r].remove(x)
             finish[x[0]] = now
             routing.on_finish(x[0], r, now)
         preempted = False
-        while sum(by[x[0]].prompt_len + x[1] for x in running[r]) > budget:
-            queue[r].insert(0, running[r].pop())
+        while kv(r) > budget:
+            queue[r].insert(0, running[r].pop())  # the most recently admitted
             preempted = True
-        lump = 0.0
-        while not preempted and len(running[r]) < cfg.max_num_seqs:
-            if not queue[r]:
-                rid = routing.next_for(r, now)
-                if rid is None:
-                    break
-                queue[r].append([rid, 0])
-            rid, g = queue[r][0]
-            p = by[rid].prompt_len
-            if sum(by[x[0]].prompt_len + x[1] for x in running[r]) + p + max(g, 1) > budget:
-                break
-            queue[r].pop(0)
-            new = p + g - (p if cfg.prefix_caching and by[rid].group in cached[r] else 0)
-            cached[r].add(by[rid].group)
-            lump += cost.prefill_ms(new, p + g) if new else 0.0
-            running[r].append([rid, max(g, 1)])
-        return lump
+        return preempted
+
+    def admit_one(r, now):
+        """Admit at most one request at replica r; returns (prefill ms, admitted?)."""
+        if len(running[r]) >= cfg.max_num_seqs:
+            return 0.0, False
+        if not queue[r]:
+            rid = routing.next_for(r, now)
+            if rid is None:
+                return 0.0, False
+            queue[r].append([rid, 0])
+        rid, g = queue[r][0]
+        p = by[rid].prompt_len
+        if kv(r) + p + max(g, 1) > budget:
+            return 0.0, False
+        queue[r].pop(0)
+        new = p + g - (p if cfg.prefix_caching and by[rid].group in cached[r] else 0)
+        cached[r].add(by[rid].group)
+        running[r].append([rid, max(g, 1)])
+        return (cost.prefill_ms(new, p + g) if new else 0.0), True
+
+    def boundary(group):
+        """Replicas at the same time: finish and preempt each, then admit one request per replica in turn."""
+        lumps = dict.fromkeys(group, 0.0)
+        turn = [r for r in group if not finish_and_preempt(r, clock[r])]
+        while turn:
+            still = []
+            for r in turn:
+                ms, ok = admit_one(r, clock[r])
+                lumps[r] += ms
+                if ok:
+                    still.append(r)
+            turn = still
+        return lumps
 
     def kv(r):
         return sum(by[x[0]].prompt_len + x[1] for x in running[r])
 
+    def done_waiting(group):
+        return any(x[1] >= by[x[0]].response_len for r in group for x in running[r])
+
+    everyone = list(range(cfg.n_replicas))
     if cfg.lockstep:
         now = 0.0
         while len(finish) < len(reqs):
             while True:
-                lumps = [boundary(r, now) for r in range(cfg.n_replicas)]
-                now += max(lumps)
-                if not any(x[1] >= by[x[0]].response_len for rr in running for x in rr):
+                for r in everyone:
+                    clock[r] = now
+                now += max(boundary(everyone).values())
+                if not done_waiting(everyone):
                     break
-            active = [r for r in range(cfg.n_replicas) if running[r]]
+            active = [r for r in everyone if running[r]]
             if not active:
                 if len(finish) == len(reqs):
                     break
@@ -163,25 +184,31 @@ def reference_step_by_step(reqs, cost, cfg, routing):
                 for x in running[r]:
                     x[1] += 1
         return finish
-    # independent replicas: process replicas in time order, one iteration at a time
-    events = [(0.0, r) for r in range(cfg.n_replicas)]
+    # independent replicas: in time order, one iteration at a time; replicas at the same time act together
+    events = [(0.0, r) for r in everyone]
     heapq.heapify(events)
     while len(finish) < len(reqs):
         now, r = heapq.heappop(events)
-        clock[r] = now
+        group = [r]
+        while events and events[0][0] == now:
+            group.append(heapq.heappop(events)[1])
+        for r in group:
+            clock[r] = now
         while True:
-            clock[r] += boundary(r, clock[r])
-            if not any(x[1] >= by[x[0]].response_len for x in running[r]):
+            for r, ms in boundary(group).items():
+                clock[r] += ms
+            if not done_waiting(group):
                 break
-        if running[r]:
-            clock[r] += cost.decode_ms(len(running[r]), kv(r))
-            for x in running[r]:
-                x[1] += 1
-            heapq.heappush(events, (clock[r], r))
-        else:  # idle: look again at the next moment anything can change (another replica's step, an arrival)
-            later = [t for t, _ in events if t > clock[r]] + [a for a in arrivals if a > clock[r]]
-            if later:
-                heapq.heappush(events, (min(later), r))
+        for r in group:
+            if running[r]:
+                clock[r] += cost.decode_ms(len(running[r]), kv(r))
+                for x in running[r]:
+                    x[1] += 1
+                heapq.heappush(events, (clock[r], r))
+            else:  # idle: look again at the next moment anything can change (another replica's step, an arrival)
+                later = [t for t, _ in events if t > clock[r]] + [a for a in arrivals if a > clock[r]]
+                if later:
+                    heapq.heappush(events, (min(later), r))
     return finish
 
 
@@ -204,7 +231,9 @@ def test_event_driven_matches_the_step_by_step_reference(lockstep, routing_name)
     rng = np.random.default_rng(7 + lockstep + 2 * (routing_name == "pull"))
     cost = CostModel(t0=5.0, t1=0.7, t2=0.05, prefill_per_token=0.02)
     for trial in range(12):
-        reqs = random_step(rng, n_groups=int(rng.integers(1, 6)), n=int(rng.integers(1, 4)), max_len=40)
+        reqs = random_step(
+            rng, n_groups=int(rng.integers(1, 6)), n=int(rng.integers(1, 4)), max_len=40, predicted=bool(trial % 2)
+        )
         cfg = ReplicaConfig(
             n_replicas=int(rng.integers(1, 4)),
             max_num_seqs=int(rng.integers(1, 5)),
@@ -227,13 +256,14 @@ def test_event_driven_matches_reference_with_arrivals():
     rng = np.random.default_rng(3)
     cost = CostModel(t0=5.0, t1=0.7, t2=0.05, prefill_per_token=0.0)
     for lockstep in (False, True):
-        for _ in range(6):
-            reqs = random_step(rng, 4, 2, 30, arrivals=True)
-            cfg = ReplicaConfig(n_replicas=2, max_num_seqs=3, lockstep=lockstep)
-            res = simulate(reqs, cost, cfg, VerlDefaultRouting(num_workers=1))
-            ref = reference_step_by_step(reqs, cost, cfg, VerlDefaultRouting(num_workers=1))
-            assert res.finish_ms.tolist() == pytest.approx([ref[r.rid] for r in reqs], rel=1e-9)
-            assert all(res.admit_ms[k] >= r.arrival_ms for k, r in enumerate(reqs))
+        for trial in range(12):
+            reqs = random_step(rng, 4, 2, 30, arrivals=True, predicted=bool(trial % 2))
+            cfg = ReplicaConfig(n_replicas=int(rng.integers(2, 4)), max_num_seqs=3, lockstep=lockstep)
+            for make in (lambda: VerlDefaultRouting(num_workers=1), PullRouting):
+                res = simulate(reqs, cost, cfg, make())
+                ref = reference_step_by_step(reqs, cost, cfg, make())
+                assert res.finish_ms.tolist() == pytest.approx([ref[r.rid] for r in reqs], rel=1e-9)
+                assert all(res.admit_ms[k] >= r.arrival_ms for k, r in enumerate(reqs))
 
 
 # ---- lower bound ------------------------------------------------------------------------------------------
@@ -302,6 +332,10 @@ def test_pull_routing_admits_longest_predicted_first():
     assert np.argsort(res.admit_ms, kind="stable").tolist() == [1, 3, 2, 0, 4]
     fifo = simulate([req(i, 5, 3) for i in range(5)], C, ReplicaConfig(n_replicas=1, max_num_seqs=1), PullRouting())
     assert np.argsort(fifo.admit_ms, kind="stable").tolist() == [0, 1, 2, 3, 4]
+    # replicas free at the same time take turns: the k-th longest goes to replica k mod R, not all to replica 0
+    many = [req(i, 5, 3, pred=100 - i) for i in range(12)]
+    dealt = simulate(many, C, ReplicaConfig(n_replicas=4, max_num_seqs=8), PullRouting())
+    assert dealt.replica.tolist() == [k % 4 for k in range(12)]
 
 
 def test_pull_routing_fills_free_slots_on_demand():
@@ -469,3 +503,55 @@ def test_plots_write_pngs_of_the_timelines(tmp_path):
         assert img.ndim == 3 and img.shape[0] > 100 and img.std() > 0
     with pytest.raises(SimError, match="time_unit"):
         plot_timelines(res, tmp_path / "x.png", time_unit="h")
+
+
+def test_lengths_from_survival_follow_the_curve():
+    from npu_rl.sim.workloads import lengths_from_survival
+
+    # the published Qwen3-235B per-DP curve (rollout_traces/qwen3_235b_per_dp_survival_approx.csv)
+    xs = [0, 1000, 2500, 5000, 7500, 10000, 12500, 15000, 17500, 20000, 25000, 30000, 33000]
+    fs = [1.0, 1.0, 0.918, 0.605, 0.371, 0.227, 0.148, 0.086, 0.051, 0.031, 0.012, 0.004, 0.0]
+    lens = lengths_from_survival(xs, fs, 20_000, np.random.default_rng(0))
+    for x, f in zip(xs, fs, strict=True):
+        assert (lens > x).mean() == pytest.approx(f, abs=0.01)
+    assert lens.min() >= 1000 and lens.max() <= 33000
+    with pytest.raises(SimError, match="fall from"):
+        lengths_from_survival([0, 10], [1.0, 0.5], 5, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("lockstep", [False, True])
+def test_migration_and_truncation_policies_keep_the_books(lockstep):
+    """A policy that moves the longest-running request of the busiest replica to an idle one, and one that
+    truncates stragglers: every request ends once, tokens add up, the bound holds for full lengths."""
+    rng = np.random.default_rng(5)
+
+    def migrate(state):
+        counts = [len(state.running(r)) for r in range(state.n_replicas)]
+        idle = [r for r, c in enumerate(counts) if c == 0 and not state.waiting(r)]
+        busiest = int(np.argmax(counts))
+        if idle and counts[busiest] > 1:
+            rid = max(state.running(busiest), key=state.generated)
+            state.abort(rid, to_replica=idle[0])
+
+    def guard(state):
+        if state.n_finished >= 0.8 * state.n_requests:
+            for r in range(state.n_replicas):
+                for rid in state.running(r):
+                    if state.generated(rid) > 50:
+                        state.truncate(rid)
+
+    n_moved = n_cut = 0
+    for _ in range(8):
+        reqs = random_step(rng, 6, 4, 300)
+        cfg = ReplicaConfig(n_replicas=3, max_num_seqs=4, kv_budget_tokens=2000, lockstep=lockstep)
+        moved = simulate(reqs, C, cfg, PullRouting(), on_finish=migrate)
+        assert (moved.generated == [r.response_len for r in reqs]).all() and not moved.tokens_lost.any()
+        assert moved.step_ms >= moved.lower_bound_ms
+        assert moved.reprefill_tokens >= moved.aborts.sum()  # each move re-prefills at least its own tokens
+        n_moved += int(moved.aborts.sum())
+        cut = simulate(reqs, C, cfg, VerlDefaultRouting(), on_finish=guard)
+        assert (cut.generated + cut.tokens_lost == [r.response_len for r in reqs]).all()
+        assert ((cut.tokens_lost > 0) <= (cut.aborts > 0)).all()
+        assert (cut.finish_ms >= cut.admit_ms).all() and (cut.generated[cut.tokens_lost > 0] > 50).all()
+        n_cut += int((cut.tokens_lost > 0).sum())
+    assert n_moved > 0 and n_cut > 0

@@ -5,7 +5,9 @@ Model (one vLLM engine per replica; times in ms, see :class:`~npu_rl.sim.model.C
 - A replica runs decode iterations over its ``b`` running sequences; an iteration costs
   ``t0 + t1*b + t2*kv`` with ``kv`` the cached tokens of all of them (prompt + generated so far, the token
   being fed included). Every iteration adds one token to every running sequence.
-- Admission (at iteration boundaries, FIFO from the replica's own queue, then from the routing): a slot
+- Admission (at iteration boundaries, FIFO from the replica's own queue, then from the routing; replicas
+  at a boundary at the same moment, e.g. all at t=0, take one request each in turn, so a shared queue is
+  dealt round-robin rather than drained by replica 0): a slot
   must be free (``b < max_num_seqs``) and the request's prompt + generated tokens (+1 for a fresh
   request's first token) must fit the KV budget. The admitted requests are prefilled in one lump that
   the replica spends before its next decode iteration (vLLM V1 mixes prefill chunks into decode steps;
@@ -286,11 +288,28 @@ class _Engine:
             done = True
         return done
 
-    def _admit(self, rep: _Replica) -> float:
-        """Admit what fits at rep's boundary; returns the prefill lump (ms), not yet added to the clock."""
+    def _fill(self, reps: list[_Replica], preempted: list[bool]) -> list[float]:
+        """Admit at the same-time boundary of ``reps``, one request per replica in turn (round-robin), so no
+        replica drains a shared queue before the others get a turn; a replica that preempted at this
+        boundary admits nothing (vLLM V1). Returns each replica's prefill lump (ms), not yet on its clock."""
+        lumps = [0.0] * len(reps)
+        open_ = [k for k in range(len(reps)) if not preempted[k]]
+        while open_:
+            still = []
+            for k in open_:
+                lump, n = self._admit(reps[k], limit=1)
+                lumps[k] += lump
+                if n:
+                    still.append(k)
+            open_ = still
+        return lumps
+
+    def _admit(self, rep: _Replica, limit: int | None = None) -> tuple[float, int]:
+        """Admit what fits at rep's boundary (at most ``limit``); returns (prefill lump ms, number admitted)."""
         lump = 0.0
+        count = 0
         maxb = self.cfg.max_num_seqs
-        while rep.b < maxb:
+        while rep.b < maxb and (limit is None or count < limit):
             if rep.localq:
                 i = rep.localq[0]
             else:
@@ -332,7 +351,8 @@ class _Engine:
             rep.b += 1
             heapq.heappush(rep.heap, (rep.it + self.L[i] - s, self.epoch[i], i))
             rep.order.append((i, self.epoch[i]))
-        return lump
+            count += 1
+        return lump, count
 
     def _callback(self, now: float, replica: int | None, finished: list[int]) -> None:
         if self.on_finish is not None and finished:
@@ -354,19 +374,26 @@ class _Engine:
 
     # ---- independent replicas -------------------------------------------------------------------------
     def _boundary(self, rep: _Replica) -> None:
+        self._boundary_group([rep])
+
+    def _boundary_group(self, reps: list[_Replica]) -> None:
+        """Boundaries of replicas at the same time: finish, policy hook, aborts, preempt, admit (round-robin)."""
         while True:
-            finished: list[int] = []
-            self._pop_finished(rep, finished)
-            self._callback(rep.clock, rep.r, finished)
-            self._do_aborts(rep)
-            self.poke.discard(rep.r)
-            lump = 0.0 if self._preempt(rep) else self._admit(rep)
-            if lump:
-                rep.clock += lump
-                rep.busy += lump
-                rep.work += lump
-            self._record(rep)
-            if not (rep.aborts or (rep.heap and rep.heap[0][0] <= rep.it)):
+            for rep in reps:
+                finished: list[int] = []
+                self._pop_finished(rep, finished)
+                self._callback(rep.clock, rep.r, finished)
+            for rep in reps:
+                self._do_aborts(rep)
+                self.poke.discard(rep.r)
+            lumps = self._fill(reps, [self._preempt(rep) for rep in reps])
+            for rep, lump in zip(reps, lumps, strict=True):
+                if lump:
+                    rep.clock += lump
+                    rep.busy += lump
+                    rep.work += lump
+                self._record(rep)
+            if not any(rep.aborts or (rep.heap and rep.heap[0][0] <= rep.it) for rep in reps):
                 break
 
     def _schedule(self, rep: _Replica) -> None:
@@ -421,34 +448,38 @@ class _Engine:
         return max(0, min(m, rep.next_m))
 
     def _touch(self, rep: _Replica, now: float, need_room: bool) -> None:
-        """Bring rep to its first boundary at or after now and run it (admit/abort), if before its event."""
+        """Give rep an event at its first iteration boundary at or after ``now`` (an idle replica: ``now``),
+        unless its own event comes first; there it admits / aborts. Events run in time order, and replicas
+        whose events coincide act together (round-robin admission)."""
         if need_room and (rep.b >= self.cfg.max_num_seqs or rep.localq):
             return
         if rep.b == 0:
-            rep.clock = max(rep.clock, now)
+            t, m = max(rep.clock, now), 0
+            if rep.next_t <= t:
+                return
+            rep.clock = t
         else:
             m = self._iters_to_reach(rep, now - rep.clock)
             if m >= rep.next_m:
                 return  # its own event comes first (or at the same boundary): handled there
-            self._advance(rep, m)
-        self._boundary(rep)
-        self._schedule(rep)
+            t = rep.clock + self.cost.decode_run_ms(rep.b, rep.kv, m)
+        rep.version += 1
+        rep.next_m, rep.next_t = m, t
+        heapq.heappush(self.events, (t, self.seq, rep.r, rep.version))
+        self.seq += 1
 
     def _settle(self, now: float) -> None:
-        for _ in range(4 * len(self.reps) + 4):
-            if not (self.poke or self.wake):
-                return
-            pokes, self.poke = sorted(self.poke), set()
-            for r in pokes:
-                self._touch(self.reps[r], now, need_room=False)
-            if self.wake:
-                self.wake = False
-                for rep in self.reps:
-                    self._touch(rep, now, need_room=True)
+        pokes, self.poke = sorted(self.poke), set()
+        for r in pokes:
+            self._touch(self.reps[r], now, need_room=False)
+        if self.wake:
+            self.wake = False
+            for rep in self.reps:
+                self._touch(rep, now, need_room=True)
 
     def run_independent(self, arrivals: list[float]) -> None:
+        self._boundary_group(self.reps)
         for rep in self.reps:
-            self._boundary(rep)
             self._schedule(rep)
         self._settle(0.0)
         ai, n_ev = 0, 0
@@ -467,12 +498,18 @@ class _Engine:
                 self.wake = True
                 self._settle(t_arr)
                 continue
-            _, _, r, _ = heapq.heappop(self.events)
-            rep = self.reps[r]
-            self._advance(rep, rep.next_m)
-            rep.clock = t_ev  # same value, without rounding drift
-            self._boundary(rep)
-            self._schedule(rep)
+            group = []  # every replica whose event falls at this time
+            while self.events and self.events[0][0] == t_ev:
+                _, _, r, ver = heapq.heappop(self.events)
+                rep = self.reps[r]
+                if ver != rep.version:
+                    continue
+                self._advance(rep, rep.next_m)
+                rep.clock = t_ev  # same value, without rounding drift
+                group.append(rep)
+            self._boundary_group(group)
+            for rep in group:
+                self._schedule(rep)
             self._settle(t_ev)
 
     # ---- lockstep ------------------------------------------------------------------------------------
@@ -489,7 +526,7 @@ class _Engine:
                 self._do_aborts(rep)
             self.poke.clear()
             self.wake = False
-            lumps = [0.0 if self._preempt(rep) else self._admit(rep) for rep in reps]
+            lumps = self._fill(reps, [self._preempt(rep) for rep in reps])
             lump = max(lumps)
             if lump:
                 now += lump

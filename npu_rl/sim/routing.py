@@ -155,7 +155,15 @@ class PullRouting:
 
     @staticmethod
     def longest_predicted_first(r: SimRequest) -> float:
+        """Key: longest ``predicted_len`` first (requires a prediction on every request)."""
+        if r.predicted_len is None:
+            raise SimError(f"request {r.rid} has no predicted_len: longest-predicted-first needs one on every request")
         return -float(r.predicted_len)
+
+    @staticmethod
+    def fifo(r: SimRequest) -> float:
+        """Key: batch order (first come, first served)."""
+        return 0.0
 
     def reset(self, requests: Sequence[SimRequest], n_replicas: int) -> None:
         reqs = list(requests)
@@ -164,7 +172,7 @@ class PullRouting:
             if reqs and all(r.predicted_len is not None for r in reqs):
                 key = self.longest_predicted_first
             else:
-                key = lambda r: 0.0  # noqa: E731 - FIFO: the sequence number breaks ties
+                key = self.fifo  # the sequence number keeps batch order
         self._key = key
         self._req = {r.rid: r for r in reqs}
         self.generated: dict[int, int] = {}
