@@ -59,13 +59,19 @@ FEATURES: tuple[Feature, ...] = (
         "groups prompts of similar predicted response length into the same generation batch",
         5,
         config=("data.sampler.class_name", "LengthAwareEpochSampler"),
+        patches=("verl/0006-verl-feature-length-aware-sampler.patch",),
     ),
     Feature(
         "long-tail guard",
         "aborts straggling responses once most of a step has finished (truncates; opt-in)",
         5,
         env="VLLM_ROLLOUT_EARLY_STOP_ENABLE",
-        params=("VLLM_ROLLOUT_EARLY_STOP_FACTOR", "VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS"),
+        params=(
+            "VLLM_ROLLOUT_EARLY_STOP_FACTOR",
+            "VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS",
+            "VLLM_ROLLOUT_EARLY_STOP_FINISHED_FRACTION",
+        ),
+        patches=("verl/0007-verl-feature-long-tail-guard.patch",),
     ),
     Feature(
         "SAM speculative decoding",

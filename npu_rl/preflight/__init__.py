@@ -23,6 +23,7 @@ from npu_rl.preflight import checks
 from npu_rl.preflight.compose import Cli, check_overrides, compose_config, split_cli
 from npu_rl.preflight.model import MODELS_DIR, ModelFacts, find_model_config, load_model_facts, shipped_models
 from npu_rl.preflight.report import Report
+from npu_rl.preflight.sampler import check_sampler
 from npu_rl.table import format_table
 
 
@@ -94,6 +95,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     _verl_validate(cfg, report, cli.injected)
     node_env = json.loads(env["NPU_RL_NODE_FEATURE_ENV"]) if env.get("NPU_RL_NODE_FEATURE_ENV") else None
     feats = feature_state(env, lambda k: sel(cfg, k), node_env)
+    check_sampler(cfg, env, report)
     for key, msg, fix in feats.errors:
         report.error(key, msg, fix)
     for key, msg, fix in feats.warnings:

@@ -187,7 +187,7 @@ def check_overrides(cli: Cli, report: Report) -> list[str]:
             report.error(key, f"no such key in verl's config (under {section})", hint)
             continue
         schema, below = freeform
-        if schema == "plain":
+        if schema == "plain" and not _checked_elsewhere(key):
             report.warn(key, f"adds a key {parent_path} does not define; nothing checks it", "check the spelling")
         if not (o.is_add() or o.is_force_add()):
             report.error(
@@ -204,6 +204,13 @@ def check_overrides(cli: Cli, report: Report) -> list[str]:
             continue
         kept.append(raw)
     return kept
+
+
+def _checked_elsewhere(key: str) -> bool:
+    """Keys added with '+' that a feature's own preflight rule checks (npu_rl/preflight/sampler.py)."""
+    from npu_rl.sampler import SAMPLER_KEYS
+
+    return key in {f"data.sampler.{k}" for k in SAMPLER_KEYS}
 
 
 def _is_feature_switch(key: str) -> bool:

@@ -64,11 +64,19 @@ ROLLOUT=(
     actor_rollout_ref.rollout.load_format=auto
 )
 # Features of this project (each off until its release carries it; see README "Features"):
-#   length-aware resampler   data.sampler.class_name=LengthAwareEpochSampler
+#   length-aware resampler   data.sampler.class_name=LengthAwareEpochSampler (on below; docs/resampler.md)
 #   SAM speculative decoding +actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config.method=sam
 #   skip old-log-prob        actor_rollout_ref.actor.recompute_old_log_prob=false (needs ppo_mini_batch_size=train_batch_size)
 #   env: VLLM_ROLLOUT_EARLY_STOP_ENABLE, ROLLOUT_REBALANCE_ENABLE
-FEATURES=()
+# The resampler learns each prompt's response length in the first epoch and groups prompts of similar
+# length into the same generation batch from the second on (raise trainer.total_epochs to benefit).
+FEATURES=(
+    data.sampler.class_name=LengthAwareEpochSampler
+    +data.sampler.bucket_size=1024
+    +data.sampler.ema_decay=0.7
+    +data.sampler.shuffle_batch_blocks=True
+    data.dataloader_num_workers=0
+)
 TRAINER=(
     trainer.device=npu
     trainer.nnodes="$NNODES"
