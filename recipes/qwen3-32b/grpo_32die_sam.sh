@@ -9,10 +9,10 @@
 set -euo pipefail
 S=actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config
 SAM=(
-    +$S.method=sam
-    +$S.num_speculative_tokens=3
-    +$S.sam_batch_size_threshold=32
-    +$S.sam_group_corpus_mb=256
+    "+$S.method=sam"
+    "+$S.num_speculative_tokens=3"
+    "+$S.sam_batch_size_threshold=32"
+    "+$S.sam_group_corpus_mb=256"
     trainer.experiment_name=grpo-32die-sam
 )
 exec bash "$(dirname "${BASH_SOURCE[0]}")/grpo_32die.sh" "${SAM[@]}" "$@"
