@@ -11,12 +11,13 @@ warmed up before timing).
 Data (``--data-dir``, default ``$NPU_RL_DATA_DIR`` else ``<repo>/../shared/data``):
 ``samples_qwen25math_maj8`` (100 MATH prompts x 8 sampled responses) and
 ``samples_skyt1_reasoning_traces`` (30 AIME24 prompts x 22 checkpoints, greedy; traces that ran into
-the 32K cap, i.e. without ``<|end_of_solution|>``, are dropped: they are repetition loops).
+the 32K cap, i.e. within 5% of it in Qwen3 tokens, are dropped: they are repetition loops).
 
 Group corpus: the responses of one prompt are replayed in sequence, each seeing the ones before it
 (for Sky-T1, the same problem answered by other checkpoints: the "earlier epochs" case).
 
-    python benchmarks/bench_sam.py [--data-dir DIR] [--k 3 5 8] [--skyt1-groups 12] [--json out.json]
+    python benchmarks/bench_sam.py [--data-dir DIR] [--k 3 5 8] [--skyt1-groups 8] [--json out.json]
+    python benchmarks/bench_sam.py --table docs/spec_decode_bench.json   # the markdown table of a saved run
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from npu_rl.spec_decode.corpus import SamDrafter  # noqa: E402
 
 MATH = "samples_qwen25math_maj8/math_cot_100.jsonl"
 SKYT1 = "samples_skyt1_reasoning_traces"
-END_OF_SOLUTION = "<|end_of_solution|>"
+CAP_TOKENS = 31_000  # Sky-T1 generated at most 32,768 tokens; longer than this = ran into the cap
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -83,36 +84,37 @@ def load_math(d: Path, tok, limit: int | None) -> list[Group]:
 
 
 def load_skyt1(d: Path, tok, n_groups: int, per_group: int) -> tuple[list[Group], int, int]:
-    by_q: dict[str, list[str]] = {}
-    questions: dict[str, str] = {}
-    total = capped = 0
+    """Sky-T1 traces grouped by problem, in checkpoint order (long-CoT recipe, then short-CoT recipe).
+
+    Traces within 5% of the 32,768-token generation cap (Qwen3 token count) ran into it: dropped.
+    Returns (groups, traces read, traces dropped).
+    """
+    rows = []
     for f in sorted((d / SKYT1).glob("*/checkpoint-*.jsonl")):
-        for line in f.read_text().splitlines():
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            text = r["code"][0]
-            total += 1
-            if END_OF_SOLUTION not in text:
-                capped += 1
-                continue
-            by_q.setdefault(r["question"], []).append(text)
-            questions[r["question"]] = r["question"]
-    system = (
+        rows += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    ids = [np.array(e.ids, np.int32) for e in tok.encode_batch([r["code"][0] for r in rows])]
+    by_q: dict[str, list[np.ndarray]] = {}
+    capped = 0
+    for r, resp in zip(rows, ids, strict=True):
+        if len(resp) >= CAP_TOKENS:
+            capped += 1
+            continue
+        by_q.setdefault(r["question"], []).append(resp)
+    system = (  # the opening of Sky-T1's system prompt
         "Your role as an assistant involves thoroughly exploring questions through a systematic long thinking process."
     )
     groups = []
     for q in sorted(by_q, key=lambda q: (-len(by_q[q]), q))[:n_groups]:
         prompt = np.array(tok.encode(chat_prompt(system, q)).ids, np.int32)
-        resp = [np.array(e.ids, np.int32) for e in tok.encode_batch(by_q[q][:per_group])]
-        groups.append(Group(prompt, resp))
-    return groups, total, capped
+        groups.append(Group(prompt, by_q[q][:per_group]))
+    return groups, len(rows), capped
 
 
 # ------------------------------------------------------------------------------------------ drafters
 class SamReplay:
     def __init__(self, k: int, group: bool, occurrence: str = "recent", min_match: int = 1):
         self.d = SamDrafter(k, min_match=min_match, group_budget_bytes=(1 << 30) if group else 0, occurrence=occurrence)
+        self.bytes = self.used = self.tokens = 0
 
     def begin(self, prompt):
         self.d.start("r", prompt)
@@ -122,10 +124,15 @@ class SamReplay:
         return self.d.step("r", new)
 
     def end(self):
+        sam = self.d.requests["r"].sam
+        self.bytes += sam.nbytes
+        self.used += sam.used_bytes
+        self.tokens += len(sam)
         self.d.drop("r")
 
-    def nbytes(self):
-        return self.d.nbytes
+    def memory(self):
+        """(allocated, used) bytes per token of the per-request automata (prompt + response tokens)."""
+        return self.bytes / max(self.tokens, 1), self.used / max(self.tokens, 1)
 
 
 class NgramReplay:
@@ -160,9 +167,6 @@ class NgramReplay:
     def end(self):
         pass
 
-    def nbytes(self):
-        return 0
-
 
 class ArcticReplay:
     """arctic-inference's SuffixDecodingCache (what vLLM's method="suffix" uses), defaults of vLLM 0.23."""
@@ -188,9 +192,6 @@ class ArcticReplay:
 
     def end(self):
         self.c.stop_request(self.i)
-
-    def nbytes(self):
-        return 0
 
 
 # ---------------------------------------------------------------------------------------------- replay
@@ -259,11 +260,19 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, nargs="+", default=[3, 5, 8])
     ap.add_argument("--math-prompts", type=int, default=100)
     ap.add_argument("--skyt1-groups", type=int, default=8, help="Sky-T1 prompts (most responses first)")
-    ap.add_argument("--skyt1-per-group", type=int, default=6, help="uncapped responses replayed per Sky-T1 prompt")
+    ap.add_argument("--skyt1-per-group", type=int, default=8, help="uncapped responses replayed per Sky-T1 prompt")
     ap.add_argument("--ngram-tuned", default="auto", help="MIN,MAX lookup sizes, or 'auto': best of a grid on MATH")
     ap.add_argument("--occurrence", choices=["recent", "first", "both"], default="both")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--table", help="print the markdown table of a results file written by --json, and exit")
+    ap.add_argument("--plot", help="with --table: also draw tokens per forward pass against k into this PNG")
     args = ap.parse_args(argv)
+    if args.table:
+        results = json.loads(Path(args.table).read_text())["results"]
+        print(markdown(results))
+        if args.plot:
+            plot(results, Path(args.plot))
+        return 0
 
     d = data_dir(args.data_dir)
     tok = tokenizer()
@@ -298,6 +307,8 @@ def main(argv=None) -> int:
         best = tuple(int(x) for x in args.ngram_tuned.split(","))
 
     occurrences = ["recent", "first"] if args.occurrence == "both" else [args.occurrence]
+    for group in (False, True):  # compile every numba path before anything is timed
+        replay(SamReplay(3, group=group), datasets["MATH maj8"][:2], 3)
     results = []
     for name, gs in datasets.items():
         for k in args.k:
@@ -311,13 +322,19 @@ def main(argv=None) -> int:
                 drafters[f"SAM own ({occ})"] = lambda k=k, occ=occ: SamReplay(k, group=False, occurrence=occ)
                 drafters[f"SAM + group ({occ})"] = lambda k=k, occ=occ: SamReplay(k, group=True, occurrence=occ)
             for dname, make in drafters.items():
-                st = replay(make(), gs, k)
+                drafter = make()
+                st = replay(drafter, gs, k)
                 row = {"data": name, "k": k, "drafter": dname, **st.row()}
+                if isinstance(drafter, SamReplay):
+                    row["bytes_per_token"], row["used_bytes_per_token"] = drafter.memory()
+                    if drafter.d.corpus is not None:
+                        row["group_corpus_bytes"] = drafter.d.corpus.nbytes
                 results.append(row)
                 print(
                     f"{name:14s} k={k} {dname:24s} tokens/pass {row['tokens_per_pass']:.3f}  drafted "
                     f"{row['draft_fraction']:.2f}  {row['us_per_token']:.2f} us/token  "
-                    f"{row['us_per_call']:.2f} us/call",
+                    f"{row['us_per_call']:.2f} us/call"
+                    + (f"  {row['bytes_per_token']:.0f} B/token" if "bytes_per_token" in row else ""),
                     flush=True,
                 )
     # ratios in this run
@@ -336,7 +353,45 @@ def main(argv=None) -> int:
                 )
     if args.json:
         Path(args.json).write_text(json.dumps({"ngram_tuned": best, "results": results}, indent=1))
+    print("\n" + markdown(results))
     return 0
+
+
+def plot(results: list[dict], path: Path) -> None:
+    """Tokens per target forward pass against k, one panel per data set, one line per drafter."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    datasets = list(dict.fromkeys(r["data"] for r in results))
+    fig, axes = plt.subplots(1, len(datasets), figsize=(5.5 * len(datasets), 4), squeeze=False)
+    for ax, name in zip(axes[0], datasets, strict=True):
+        rows = [r for r in results if r["data"] == name]
+        for drafter in dict.fromkeys(r["drafter"] for r in rows):
+            pts = sorted((r["k"], r["tokens_per_pass"]) for r in rows if r["drafter"] == drafter)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=drafter)
+        ax.set_title(name)
+        ax.set_xlabel("draft length k")
+        ax.set_ylabel("tokens per target forward pass")
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def markdown(results: list[dict]) -> str:
+    """The docs table: one row per data set, k and drafter."""
+    rows = [
+        "| data | k | drafter | tokens / forward pass | steps with a draft | µs / token | µs / propose call |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        rows.append(
+            f"| {r['data']} | {r['k']} | {r['drafter']} | {r['tokens_per_pass']:.3f} | {r['draft_fraction']:.2f} | "
+            f"{r['us_per_token']:.2f} | {r['us_per_call']:.2f} |"
+        )
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":
