@@ -43,6 +43,7 @@ class SamProposer:
         self.runner = runner
         self.steps = 0
         self.gated_steps = 0
+        _compile()  # numba compiles (or loads its cache) here, not in the first decode step
 
     def propose(
         self, input_batch: Any, sampled_token_ids: list[list[int]], slot_mappings: Any = None
@@ -103,3 +104,13 @@ class AscendSamProposer(SamProposer):
 
     def dummy_run(self, *args, **kwargs) -> None:
         """Nothing to run: the drafter has no model."""
+
+
+def _compile() -> None:
+    """Run every compiled path once (own match, group match, growth) on a throwaway drafter."""
+    d = SamDrafter(2, group_budget_bytes=1 << 20)
+    d.start("a", np.arange(8, dtype=np.int32))
+    d.step("a", np.arange(300, dtype=np.int32) % 7)
+    d.drop("a")
+    d.start("b", np.arange(8, dtype=np.int32))
+    d.step("b", np.array([1, 2], np.int32))
