@@ -78,7 +78,11 @@ FEATURES: tuple[Feature, ...] = (
         "suffix-automaton drafter verified by vLLM's rejection sampler",
         6,
         config=("actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config.method", "sam"),
-        params=("VLLM_SPECULATIVE_BATCH_SIZE_THRE",),
+        params=("VLLM_SPECULATIVE_BATCH_SIZE_THRE",),  # alias of speculative_config.sam_batch_size_threshold
+        patches=(
+            "vllm/0002-vllm-feature-sam-speculative-method.patch",
+            "vllm-ascend/0001-vllm-ascend-feature-sam-speculative-method.patch",
+        ),
     ),
     Feature(
         "all-to-all-v MoE reshard",

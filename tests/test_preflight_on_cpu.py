@@ -206,8 +206,9 @@ def test_feature_switches_unavailable_renamed_and_misspelt():
     assert "'maybe' is not a boolean" in e["ROLLOUT_REBALANCE_ENABLE"].message
     (typo,) = [w for w in r.report.warnings if w.key == "VLLM_ROLLOUT_EARLY_STOP_FACTR"]
     assert typo.fix == "did you mean VLLM_ROLLOUT_EARLY_STOP_FACTOR?"
-    r = check("+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config.method=sam")
-    assert "not in this release yet (issue 6)" in r.render()
+    spec = "+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config"
+    r = check(f"{spec}.method=sam", f"{spec}.num_speculative_tokens=3")  # in this release (issue 6)
+    assert r.ok and "SAM speculative decoding" in dict(r.plan)["features on"]
 
 
 def test_model_facts_match_the_model_cards():

@@ -24,6 +24,7 @@ from npu_rl.preflight.compose import Cli, check_overrides, compose_config, split
 from npu_rl.preflight.model import MODELS_DIR, ModelFacts, find_model_config, load_model_facts, shipped_models
 from npu_rl.preflight.report import Report
 from npu_rl.preflight.sampler import check_sampler
+from npu_rl.preflight.spec_decode import check_spec_decode
 from npu_rl.table import format_table
 
 
@@ -103,6 +104,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     if any(f.config and f.config[0] == f"{checks.A}.recompute_old_log_prob" for f in feats.on):
         checks.check_skip_old_log_prob(cfg, report)
     checks.check_rollout_hygiene(env, report)
+    check_spec_decode(cfg, env, report)
     plan = [
         ("config", f"{cli.config_name} ({cli.config_dir})"),
         ("cluster", f"{sel(cfg, 'trainer.nnodes')} node(s) x {sel(cfg, 'trainer.n_gpus_per_node')} dies = {world}"),

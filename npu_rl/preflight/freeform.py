@@ -12,6 +12,8 @@ import importlib.util
 from functools import cache
 from pathlib import Path
 
+SAM_KEYS = ("sam_batch_size_threshold", "sam_group_corpus_mb", "sam_min_match")  # npu_rl.spec_decode.config.KEYS
+
 
 def _package_dir(name: str) -> Path | None:
     spec = importlib.util.find_spec(name)  # top-level: locates without importing
@@ -83,6 +85,22 @@ def vllm_speculative() -> tuple[frozenset[str], frozenset[str]] | None:
         return None
 
 
+def _check_sam_key(key: str, value: object) -> tuple[str, str, list[str]] | None:
+    """A SAM key's value (npu_rl.spec_decode.config rules); None if fine, else (message, value, valid values)."""
+    from npu_rl.spec_decode.config import resolve
+
+    arg, valid = {
+        "sam_batch_size_threshold": ("threshold", ["always", "never", "<integer >= 1>"]),
+        "sam_group_corpus_mb": ("group_corpus_mb", ["<MiB >= 0>"]),
+        "sam_min_match": ("min_match", ["<integer >= 1>"]),
+    }[key]
+    try:
+        resolve(3, **{arg: value}, env={})
+    except ValueError as e:
+        return str(e), str(value), valid
+    return None
+
+
 @cache
 def megatron_transformer_fields() -> frozenset[str] | None:
     """Field names of megatron-core's ``TransformerConfig`` (with its ``ModelParallelConfig`` base)."""
@@ -113,6 +131,8 @@ def check_freeform(section: str, rest: list[str], value: object) -> tuple[str, s
             if spec is None:
                 return None
             spec_fields, methods = spec
+            if rest[1] in SAM_KEYS:  # our patch's keys: known even to an unpatched vLLM, values checked here
+                return _check_sam_key(rest[1], value)
             if rest[1] not in spec_fields:
                 return f"'{rest[1]}' is not a field of vLLM's SpeculativeConfig", rest[1], sorted(spec_fields)
             if rest[1] == "method" and str(value) not in methods:

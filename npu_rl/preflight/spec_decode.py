@@ -1,0 +1,71 @@
+"""Preflight checks of SAM speculative decoding (issue 6): the ``speculative_config`` keys a recipe sets.
+
+Value checks of single keys happen while overrides are parsed (:mod:`npu_rl.preflight.freeform`);
+this module checks the composed config: the draft length, the key/env-alias agreement, the rollout
+engine and the settings SAM cannot run with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from npu_rl.preflight.checks import R, sel
+from npu_rl.preflight.report import Report
+from npu_rl.spec_decode.config import ENV_ALIAS, KEYS, PREFIX, resolve
+
+
+def check_spec_decode(cfg, env: Mapping[str, str], report: Report) -> str | None:
+    """Check the SAM keys of a composed config; return a plan line ("k=3, gate <= 32, ...") when SAM is on."""
+    spec = sel(cfg, PREFIX, None)
+    method = str(sel(cfg, f"{PREFIX}.method", "") or "")
+    if method.lower() != "sam":
+        if env.get(ENV_ALIAS, "").strip():
+            report.warn(
+                ENV_ALIAS,
+                "is set but SAM speculative decoding is off: it has no effect",
+                f"switch SAM on with {PREFIX}.method=sam, or drop the variable",
+            )
+        for key in KEYS:
+            if sel(cfg, f"{PREFIX}.{key}", None) is not None:
+                report.warn(f"{PREFIX}.{key}", f"only the SAM drafter reads it, but method is {method or 'unset'}")
+        return None
+    if method != "sam":
+        report.error(
+            f"{PREFIX}.method", f"'{method}': vLLM's method names are lower case", f"write {PREFIX}.method=sam"
+        )
+    try:
+        settings = resolve(
+            sel(cfg, f"{PREFIX}.num_speculative_tokens", None),
+            *(sel(cfg, f"{PREFIX}.{key}", None) for key in KEYS),
+            env=env,
+        )
+    except ValueError as e:
+        text = str(e)
+        key = next((k for k in ("num_speculative_tokens", *KEYS) if text.startswith(k)), None)
+        report.error(f"{PREFIX}.{key}" if key else ENV_ALIAS if text.startswith(ENV_ALIAS) else PREFIX, text)
+        return None
+    if str(sel(cfg, f"{R}.name", "vllm")) != "vllm":
+        report.error(
+            f"{R}.name", f"is '{sel(cfg, f'{R}.name')}': the SAM drafter is a vLLM proposer", f"set {R}.name=vllm"
+        )
+    if sel(cfg, f"{R}.mtp.enable", False) and sel(cfg, f"{R}.mtp.enable_rollout", False):
+        report.error(
+            f"{R}.mtp.enable_rollout",
+            "MTP rollout replaces engine_kwargs.vllm.speculative_config, so SAM would silently not run",
+            "use one drafter: SAM (method=sam) or MTP",
+        )
+    if sel(cfg, f"{R}.engine_kwargs.vllm.async_scheduling", None) is True:
+        report.error(
+            f"{R}.engine_kwargs.vllm.async_scheduling",
+            "vLLM runs CPU drafters (sam, ngram, suffix) only with synchronous scheduling and refuses this",
+            "drop the key (vLLM then turns async scheduling off for SAM by itself)",
+        )
+    if isinstance(spec, Mapping) and spec.get("prompt_lookup_max") is not None:
+        report.warn(f"{PREFIX}.prompt_lookup_max", "is an n-gram setting: the SAM drafter ignores it")
+    gate = {0: "never"}.get(
+        settings.max_batch, "always" if settings.max_batch >= 1 << 62 else f"<= {settings.max_batch}"
+    )
+    return (
+        f"SAM k={settings.k}, drafts while running batch {gate}, group corpus "
+        f"{settings.group_corpus_bytes >> 20} MiB, min match {settings.min_match}"
+    )

@@ -1,0 +1,123 @@
+"""The SAM drafter's settings: ``speculative_config`` keys, their defaults, the batch-size gate.
+
+Users switch SAM on with ``speculative_config.method=sam`` and ``num_speculative_tokens=N`` (verl:
+``actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config.*``). Our vLLM patch adds three
+``SpeculativeConfig`` fields, all optional:
+
+- ``sam_batch_size_threshold``: draft only while the running batch (requests in the engine's input
+  batch) is at most this; ``"always"`` drafts at any batch size, ``"never"`` never drafts (the
+  automata still catch up, so switching back is instant). Default
+  :data:`DEFAULT_BATCH_SIZE_THRESHOLD`. The reference recipe's env variable
+  ``VLLM_SPECULATIVE_BATCH_SIZE_THRE`` is read as an alias when the key is not set.
+- ``sam_group_corpus_mb``: byte budget (MiB) of the group corpus (other responses to the same
+  prompt); 0 turns it off. Default :data:`DEFAULT_GROUP_CORPUS_MB`.
+- ``sam_min_match``: the shortest suffix match (tokens) that yields a draft. Default 1.
+
+This module imports neither vllm nor torch: the preflight checks recipes with it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# Why 32: a draft of k tokens makes every decode step verify (k + 1) tokens per request. Decode on
+# an A3 die stays bound by reading weights and KV while a step carries up to ~128 tokens, so with
+# the recipes' k = 3 drafting is free up to a running batch of 128 / (3 + 1) = 32 and costs compute
+# beyond it. Tune per model with the key (measure timing_s/generate_sequences).
+DEFAULT_BATCH_SIZE_THRESHOLD = 32
+DEFAULT_GROUP_CORPUS_MB = 256
+ENV_ALIAS = "VLLM_SPECULATIVE_BATCH_SIZE_THRE"
+PREFIX = "actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config"
+KEYS = ("sam_batch_size_threshold", "sam_group_corpus_mb", "sam_min_match")
+NO_LIMIT = 1 << 62
+
+
+@dataclass(frozen=True)
+class SamSettings:
+    """Resolved settings. ``max_batch``: largest running batch that drafts (0: never; NO_LIMIT: always)."""
+
+    k: int
+    max_batch: int
+    group_corpus_bytes: int
+    min_match: int
+
+
+def parse_threshold(value: object, key: str = "sam_batch_size_threshold") -> int:
+    """``"always"`` -> NO_LIMIT, ``"never"`` -> 0, an integer >= 1 -> itself. ValueError naming ``key``."""
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word == "always":
+            return NO_LIMIT
+        if word == "never":
+            return 0
+        try:
+            value = int(word)
+        except ValueError:
+            raise ValueError(
+                f"{key}={value!r} is not a batch size: use an integer >= 1 (draft while the running batch is at "
+                "most that), 'always' or 'never'"
+            ) from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"{key}={value!r} is not a batch size: use an integer >= 1 (draft while the running batch is at most "
+            "that), 'always' or 'never'"
+        )
+    return value
+
+
+def resolve(
+    num_speculative_tokens: object,
+    threshold: object = None,
+    group_corpus_mb: object = None,
+    min_match: object = None,
+    env: Mapping[str, str] | None = None,
+) -> SamSettings:
+    """Check and resolve the SAM keys (None = not set). Raises ValueError naming the offending key."""
+    env = os.environ if env is None else env
+    k = num_speculative_tokens
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"num_speculative_tokens={k!r}: method 'sam' needs the draft length, an integer >= 1 (e.g. 3)")
+    alias = env.get(ENV_ALIAS, "").strip()
+    if threshold is None:
+        max_batch = parse_threshold(alias, ENV_ALIAS) if alias else DEFAULT_BATCH_SIZE_THRESHOLD
+    else:
+        max_batch = parse_threshold(threshold)
+        if alias and parse_threshold(alias, ENV_ALIAS) != max_batch:
+            raise ValueError(
+                f"{ENV_ALIAS}={alias} disagrees with speculative_config.sam_batch_size_threshold={threshold}: "
+                f"keep one ({ENV_ALIAS} is the reference recipe's name for the same setting)"
+            )
+    mb = DEFAULT_GROUP_CORPUS_MB if group_corpus_mb is None else group_corpus_mb
+    if isinstance(mb, bool) or not isinstance(mb, int | float) or mb < 0:
+        raise ValueError(f"sam_group_corpus_mb={mb!r} must be a number of MiB >= 0 (0 turns the group corpus off)")
+    mm = 1 if min_match is None else min_match
+    if isinstance(mm, bool) or not isinstance(mm, int) or mm < 1:
+        raise ValueError(f"sam_min_match={mm!r} must be an integer >= 1 (tokens of suffix match needed to draft)")
+    return SamSettings(k=k, max_batch=max_batch, group_corpus_bytes=int(mb * (1 << 20)), min_match=mm)
+
+
+def from_speculative_config(cfg: object, env: Mapping[str, str] | None = None) -> SamSettings:
+    """:func:`resolve` on a vLLM ``SpeculativeConfig`` (or any object with those attributes)."""
+    return resolve(
+        getattr(cfg, "num_speculative_tokens", None),
+        getattr(cfg, "sam_batch_size_threshold", None),
+        getattr(cfg, "sam_group_corpus_mb", None),
+        getattr(cfg, "sam_min_match", None),
+        env,
+    )
+
+
+def configure_speculative_config(cfg) -> None:
+    """The ``method == "sam"`` branch of vLLM's ``SpeculativeConfig.__post_init__`` (called by our patch).
+
+    Validates the SAM keys and sets what a model-free method needs: no draft model (the target's
+    model and parallel configs stand in, as for ngram) and no n-gram lookup window.
+    """
+    from_speculative_config(cfg)
+    cfg.model = "sam"
+    cfg.prompt_lookup_max = 0
+    cfg.prompt_lookup_min = 0
+    cfg.draft_model_config = cfg.target_model_config
+    cfg.draft_parallel_config = cfg.target_parallel_config

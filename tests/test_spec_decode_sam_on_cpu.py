@@ -1,0 +1,160 @@
+"""The SAM drafter core (npu_rl.spec_decode.sam / corpus) against brute-force oracles (issue 6)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is in constraints/cpu.txt: install_stack.sh --cpu")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from npu_rl.spec_decode.corpus import GroupCorpus, SamDrafter, prompt_key  # noqa: E402
+from npu_rl.spec_decode.sam import (  # noqa: E402
+    C_MATCH,
+    C_SOURCE,
+    SOURCE_GROUP,
+    SOURCE_OWN,
+    SuffixAutomaton,
+    longest_match_in_bruteforce,
+    longest_suffix_match_bruteforce,
+    new_ctl,
+)
+
+# small alphabets make long repeats (the interesting case); chunks exercise multi-token catch-up
+texts = st.lists(st.integers(0, 3), min_size=1, max_size=80)
+chunked = st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=5), min_size=1, max_size=25)
+
+
+@settings(max_examples=150, deadline=None)
+@given(texts, st.sampled_from(["recent", "first"]))
+def test_longest_repeated_suffix_matches_the_oracle_after_every_append(text, occurrence):
+    sam = SuffixAutomaton(capacity=1, occurrence=occurrence)  # tiny: every growth path runs
+    for i, tok in enumerate(text):
+        sam.append([tok])
+        length, ends = longest_suffix_match_bruteforce(text[: i + 1])
+        got_len, pos = sam.suffix_match()
+        assert got_len == length
+        if length:
+            assert pos in ends  # the draft continues a real earlier occurrence of the matched suffix
+            if occurrence == "first":
+                assert pos == min(ends)
+    assert list(sam.text) == text
+
+
+@settings(max_examples=100, deadline=None)
+@given(texts, st.integers(1, 8))
+def test_draft_is_the_continuation_of_the_match_extended_periodically(text, k):
+    sam = SuffixAutomaton(capacity=4)
+    sam.append(text)
+    length, pos = sam.suffix_match()
+    draft = list(sam.propose(k))
+    if length == 0:
+        assert draft == []
+        return
+    # oracle: continue from pos; past the end of the text the match says the text has period n-1-pos
+    ext = list(text)
+    period = len(text) - 1 - pos
+    for _ in range(k):
+        ext.append(ext[-period])
+    assert draft == ext[pos + 1 : pos + 1 + k]
+    assert len(draft) == k
+    assert list(sam.propose(k, min_match=length + 1)) == []
+
+
+def test_recent_occurrence_is_the_latest_on_a_real_pattern():
+    # the longest repeated suffix "5 1 2" ends at 5 and at 9: first continues with 8, recent with 9
+    text = [1, 2, 7, 5, 1, 2, 8, 5, 1, 2, 9, 5, 1, 2]
+    recent, first = SuffixAutomaton(occurrence="recent"), SuffixAutomaton(occurrence="first")
+    recent.append(text)
+    first.append(text)
+    assert recent.propose(1).tolist() == [9]
+    assert first.propose(1).tolist() == [8]
+    assert recent.suffix_match() == (3, 9) and first.suffix_match() == (3, 5)
+
+
+@settings(max_examples=100, deadline=None)
+@given(chunked, st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=12), max_size=4), st.data())
+def test_group_match_is_exact_while_the_group_automaton_grows(chunks, responses, data):
+    """The running match against a growing corpus never overstates and, after a resync, is the longest."""
+    group = SuffixAutomaton(capacity=1)
+    ctl = new_ctl(3, group=True)
+    own = SuffixAutomaton(capacity=1)
+    seen: list[int] = []
+    corpus: list[int] = []
+    pending = list(responses)
+    out = np.empty(3, np.int32)
+    for chunk in chunks:
+        if pending and data.draw(st.booleans()):
+            resp = pending.pop()
+            group.append([-len(corpus) - 1, *resp])  # unique separator, as GroupCorpus writes
+            corpus += [-len(corpus) - 1, *resp]
+        seen += chunk
+        n = own.step(np.array(chunk, np.int32), out, ctl, group)
+        best = longest_match_in_bruteforce(seen, corpus)
+        glen = int(ctl[1])
+        if len(seen) <= 256:  # the resync window covers the whole text: exact
+            assert glen == best
+        assert glen <= best
+        own_len = own.suffix_match()[0]
+        assert ctl[C_MATCH] == max(own_len, glen)
+        if n:
+            src = int(ctl[C_SOURCE])
+            if src == SOURCE_GROUP:
+                pos = group.match_position(ctl)
+                assert group.text[pos - glen + 1 : pos + 1].tolist() == seen[len(seen) - glen :]
+                assert out[:n].tolist() == group.continuation(pos, n).tolist()
+            else:
+                assert src == SOURCE_OWN and own_len >= glen
+
+
+def test_bytes_per_token_and_free():
+    rng = np.random.default_rng(0)
+    text = rng.integers(0, 2000, 50_000)
+    sam = SuffixAutomaton(capacity=64)
+    for i in range(0, len(text), 7):
+        sam.append(text[i : i + 7])
+    assert len(sam) == len(text)
+    # text 4 B + <=2 states x 20 B + ~2 edges x 16 B + hash: well under the reference's ~650 B/token
+    assert sam.used_bytes / len(sam) < 150
+    assert sam.bytes_per_token() < 250
+    sam.free()
+    assert len(sam) == 0 and sam.nbytes < 10_000
+    assert list(sam.propose(3)) == []
+
+
+def test_group_corpus_evicts_least_recently_used_prompts_within_its_budget():
+    rng = np.random.default_rng(1)
+    one = SuffixAutomaton(capacity=2 * 1000 + 2)
+    one.append(rng.integers(0, 50, 1001))
+    corpus = GroupCorpus(budget_bytes=int(2.5 * one.nbytes))
+    keys = [prompt_key([i, i + 1]) for i in range(4)]
+    corpus.add(keys[0], rng.integers(0, 50, 1000))
+    corpus.add(keys[1], rng.integers(0, 50, 1000))
+    assert corpus.get(keys[0]) is not None  # touch: keys[1] is now the least recently used
+    corpus.add(keys[2], rng.integers(0, 50, 1000))
+    assert keys[1] not in corpus and keys[0] in corpus and keys[2] in corpus
+    assert corpus.nbytes <= corpus.budget_bytes and corpus.evictions == 1
+    corpus.add(keys[3], rng.integers(0, 50, 10 * 1000))  # alone over budget: everything goes
+    assert len(corpus) == 0 and corpus.nbytes == 0
+
+
+def test_drafter_uses_finished_siblings_and_releases_memory():
+    prompt = np.array([100, 101, 102], np.int32)
+    sibling = np.array([5, 6, 7, 8, 9, 10, 11, 12], np.int32)
+    d = SamDrafter(k=4, group_budget_bytes=1 << 20)
+    d.start("a", prompt)
+    for t in sibling:
+        d.step("a", np.array([t], np.int32))
+    d.drop("a")  # finished: its output joins the group corpus of this prompt
+    assert d.request_bytes == 0 and d.corpus.nbytes > 0
+    d.start("b", prompt)
+    assert d.step("b", np.array([5, 6], np.int32)).tolist() == [7, 8, 9, 10]
+    assert d.step("b", np.array([7], np.int32), max_draft=2).tolist() == [8, 9]
+    assert d.step("b", np.array([8], np.int32), max_draft=0).tolist() == []  # gated: catches up only
+    assert d.num_tokens("b") == 3 + 4
+    d.start("c", np.array([1, 2, 3], np.int32))  # another prompt sees nothing
+    assert d.step("c", np.array([5, 6], np.int32)).tolist() == []
+    d.drop("b")
+    d.drop("c")
+    assert d.request_bytes == 0 and not d.requests
