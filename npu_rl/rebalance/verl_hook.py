@@ -1,0 +1,63 @@
+"""The three calls the verl patch ``rollout-rebalance`` makes (``verl/workers/rollout/llm_server.py``).
+
+Each returns verl's own value unchanged when ``ROLLOUT_REBALANCE_ENABLE`` is off, so the patched
+``LLMServerManager`` behaves exactly as upstream. Nothing here imports verl until the switch is on.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from npu_rl.rebalance.settings import enabled, settings_from
+
+logger = logging.getLogger(__name__)
+
+# Ray runs an async actor's calls concurrently up to max_concurrency (default 1000). Every waiting
+# request is one pending acquire_server call, and release_server calls must never queue behind them.
+MAX_CONCURRENCY = 100_000
+
+
+def load_balancer_cls(config: Any) -> type | None:
+    """Our load-balancer class bound to the rollout config, or None (switch off, or verl's
+    ``full_determinism`` is on: deterministic runs keep verl's hash routing).
+
+    Raises:
+        NpuRlError: a ``ROLLOUT_REBALANCE_*`` value is invalid.
+    """
+    if not enabled():
+        return None
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.get("full_determinism", False):
+        logger.warning("ROLLOUT_REBALANCE_ENABLE=1 ignored: rollout.full_determinism=True keeps verl's hash routing")
+        return None
+    settings = settings_from(
+        max_num_seqs=int(rollout.max_num_seqs),
+        data_parallel_size=int(rollout.get("data_parallel_size", 1) or 1),
+        response_length=int(rollout.get("response_length", 0) or 0),
+    )
+    from npu_rl.rebalance.verl_lb import RebalanceLoadBalancer
+
+    # A class created here is pickled by value when Ray ships it to the actor: the settings travel.
+    return type("BoundRebalanceLoadBalancer", (RebalanceLoadBalancer,), {"rebalance_settings": settings})
+
+
+def is_rebalance(lb_cls: type | None) -> bool:
+    """True for a class returned by :func:`load_balancer_cls` (without importing verl)."""
+    return lb_cls is not None and getattr(lb_cls, "rebalance_settings", None) is not None
+
+
+def actor_options(lb_cls: type) -> dict[str, Any]:
+    """Ray actor options for the balancer: ``{}`` for verl's classes (upstream behaviour)."""
+    return {"max_concurrency": MAX_CONCURRENCY} if is_rebalance(lb_cls) else {}
+
+
+def client_cls(base: type, lb_cls: type | None) -> type:
+    """verl's client class, with :class:`~npu_rl.rebalance.verl_lb.RebalanceClientMixin` in front when
+    the balancer is ours; ``base`` itself otherwise."""
+    if not is_rebalance(lb_cls):
+        return base
+    from npu_rl.rebalance.verl_lb import RebalanceClientMixin
+
+    attrs = {"rebalance_max_attempts": lb_cls.rebalance_settings.max_attempts}
+    return type(f"Rebalance{base.__name__}", (RebalanceClientMixin, base), attrs)
