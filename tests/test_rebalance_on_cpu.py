@@ -326,3 +326,31 @@ def test_ema_predictor():
     with pytest.raises(NpuRlError, match="ROLLOUT_REBALANCE_EMA_DECAY"):
         EMALengthPredictor(decay=1.0)
     assert prompt_key([1, 2, 3]) == prompt_key(np.array([1, 2, 3])) != prompt_key([1, 2, 4])
+
+
+def test_preflight_checks():
+    from omegaconf import OmegaConf
+
+    from npu_rl.preflight.rebalance import check_rollout_rebalance
+    from npu_rl.preflight.report import Report
+
+    def run_check(env, **rollout):
+        base = {"name": "vllm", "max_num_seqs": 256, "data_parallel_size": 32, "response_length": 32768}
+        cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {**base, **rollout}}})
+        r = Report()
+        check_rollout_rebalance(cfg, env, r)
+        return r
+
+    assert not run_check({}).problems  # switch off: nothing checked
+    assert not run_check({"ROLLOUT_REBALANCE_ENABLE": "1"}).problems
+    r = run_check({"ROLLOUT_REBALANCE_ENABLE": "1", "ROLLOUT_REBALANCE_MAX_INFLIGHT": "x"})
+    assert [p.error for p in r.problems] == [True] and "ROLLOUT_REBALANCE_MAX_INFLIGHT" in r.problems[0].message
+    r = run_check({"ROLLOUT_REBALANCE_ENABLE": "1"}, name="sglang", disaggregation={"enabled": True})
+    assert len(r.errors) == 2
+    r = run_check(
+        {"ROLLOUT_REBALANCE_ENABLE": "1", "ROLLOUT_REBALANCE_MAX_INFLIGHT": "512", "ROLLOUT_REBALANCE_DP_RANKS": "0"}
+    )
+    assert not r.errors and {p.key for p in r.warnings} == {
+        "ROLLOUT_REBALANCE_MAX_INFLIGHT",
+        "ROLLOUT_REBALANCE_DP_RANKS",
+    }

@@ -22,6 +22,7 @@ from npu_rl.features import env_flag, feature_state
 from npu_rl.preflight import checks
 from npu_rl.preflight.compose import Cli, check_overrides, compose_config, split_cli
 from npu_rl.preflight.model import MODELS_DIR, ModelFacts, find_model_config, load_model_facts, shipped_models
+from npu_rl.preflight.rebalance import check_rollout_rebalance
 from npu_rl.preflight.report import Report
 from npu_rl.table import format_table
 
@@ -98,6 +99,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         report.error(key, msg, fix)
     for key, msg, fix in feats.warnings:
         report.warn(key, msg, fix)
+    check_rollout_rebalance(cfg, env, report)
     plan = [
         ("config", f"{cli.config_name} ({cli.config_dir})"),
         ("cluster", f"{sel(cfg, 'trainer.nnodes')} node(s) x {sel(cfg, 'trainer.n_gpus_per_node')} dies = {world}"),
