@@ -354,3 +354,18 @@ def test_preflight_checks():
         "ROLLOUT_REBALANCE_MAX_INFLIGHT",
         "ROLLOUT_REBALANCE_DP_RANKS",
     }
+
+
+def test_policy_kv_budget_holds_requests_centrally():
+    p = DispatchPolicy({"a": 10, "b": 10}, kv_budget=1000)
+    for i, L in enumerate([600, 500, 300, 100]):
+        p.submit(p.make_request(f"r{i}", group=f"g{i}", prompt_len=0, predicted_len=L), 0.0)
+    placed = {r.request_id: r.target for r in p.assign(0.0)}
+    # r0 (600) and r1 (500) open a and b; r2 (300) fits next to r1 only; r3 (100) fits next to r0
+    assert placed == {"r0": "a", "r1": "b", "r2": "b", "r3": "a"}
+    q = DispatchPolicy({"a": 10}, kv_budget=1000)
+    for i, L in enumerate([900, 800, 10]):
+        q.submit(q.make_request(f"r{i}", group=f"g{i}", prompt_len=0, predicted_len=L), 0.0)
+    assert [r.request_id for r in q.assign(0.0)] == ["r0"]  # strict order: the 10-token one waits too
+    q.finish("r0", 1.0)
+    assert [r.request_id for r in q.assign(1.0)] == ["r1", "r2"]

@@ -63,6 +63,7 @@ class TargetState:
     capacity: int
     inflight: dict[str, Pending] = field(default_factory=dict)
     load: float = 0.0
+    kv: float = 0.0  # predicted peak KV tokens of the requests in flight (prompt + predicted response)
     healthy: bool = True
     failures: int = 0
     busy_since: float | None = None
@@ -152,7 +153,11 @@ class DispatchPolicy:
         keep_groups: bool = False,
         kv_ratio: float = DEFAULT_KV_RATIO,
         max_target_failures: int = 3,
+        kv_budget: float | None = None,
     ):
+        if kv_budget is not None and kv_budget <= 0:
+            raise NpuRlError(f"kv_budget must be > 0 tokens, got {kv_budget} (ROLLOUT_REBALANCE_KV_TOKENS)")
+        self.kv_budget = kv_budget
         if order not in ORDERS:
             raise NpuRlError(f"dispatch order {order!r} unknown: use one of {ORDERS} (ROLLOUT_REBALANCE_ORDER)")
         if max_target_failures < 1:
@@ -206,6 +211,10 @@ class DispatchPolicy:
     def inflight(self) -> int:
         return len(self._inflight)
 
+    def inflight_ids(self) -> set[str]:
+        """Ids of the requests in flight (a view: do not modify)."""
+        return self._inflight.keys()  # type: ignore[return-value]
+
     def idle(self) -> bool:
         return not self._heap and not self._inflight
 
@@ -253,9 +262,23 @@ class DispatchPolicy:
                 return t
         return None
 
+    @staticmethod
+    def footprint(req: Pending) -> float:
+        """Predicted peak KV tokens of a request: its prompt plus its predicted response."""
+        return req.prompt_len + req.predicted_len
+
+    def _fits(self, t: TargetState, req: Pending) -> bool:
+        if t.free <= 0:
+            return False
+        if self.kv_budget is None or not t.inflight:
+            return True
+        return t.kv + self.footprint(req) <= self.kv_budget
+
     def assign(self, now: float) -> list[Pending]:
-        """Release as many waiting requests as free slots allow; each returned request has ``target``
-        set and counts as in flight until :meth:`finish` or :meth:`fail`."""
+        """Release as many waiting requests as free slots (and, with ``kv_budget``, the targets'
+        predicted KV room) allow; each returned request has ``target`` set and counts as in flight until
+        :meth:`finish` or :meth:`fail`. Strict order: when the head request fits nowhere, the ones
+        behind it wait too (long requests must not starve behind a stream of short ones)."""
         out: list[Pending] = []
         deferred: list[tuple[float, int, Pending]] = []
         while self._heap and any(t.free > 0 for t in self.targets.values()):
@@ -264,15 +287,16 @@ class DispatchPolicy:
             self._waiting_ids.discard(req.request_id)
             need = self._allowed(req)
             if need is not None:
-                if self.targets[need].free <= 0:
+                if not self._fits(self.targets[need], req):
                     deferred.append(item)
                     continue
                 target = need
             else:
-                target = min(
-                    (t for t in self.targets.values() if t.free > 0),
-                    key=lambda t: (t.load, len(t.inflight)),
-                ).name
+                fits = [t for t in self.targets.values() if self._fits(t, req)]
+                if not fits:
+                    deferred.append(item)
+                    break
+                target = min(fits, key=lambda t: (t.load, len(t.inflight))).name
             self._start(req, target, now)
             out.append(req)
         for item in deferred:
@@ -287,6 +311,7 @@ class DispatchPolicy:
         req.target, req.t_start = target, now
         st.inflight[req.request_id] = req
         st.load += req.work
+        st.kv += self.footprint(req)
         self._inflight[req.request_id] = req
         if self.keep_groups:
             self._group_target.setdefault(req.group, target)
@@ -296,6 +321,7 @@ class DispatchPolicy:
         del st.inflight[req.request_id]
         del self._inflight[req.request_id]
         st.load = max(0.0, st.load - req.work) if st.inflight else 0.0
+        st.kv = max(0.0, st.kv - self.footprint(req)) if st.inflight else 0.0
         if not st.inflight and st.busy_since is not None:
             st.busy_s += now - st.busy_since
             st.busy_since = None
