@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import os
+import types
 from collections import Counter
 from pathlib import Path
 
@@ -223,7 +224,7 @@ def test_client_and_balancer_through_verl_generate():
     assert all(r is None for s in servers.values() for r in s.ranks)  # one target per replica: no DP rank
     assert lb.dispatcher.policy.idle()
     assert len(lb.dispatcher.predictor) == len({tuple(p) for p in prompts})  # learned from the responses
-    (m,) = lb.get_rebalance_metrics()
+    (m,) = asyncio.run(lb.get_rebalance_metrics())
     assert m["rollout_rebalance/a:1/requests"] + m["rollout_rebalance/b:2/requests"] == len(prompts)
     assert lb.get_all_servers() == ["a:1", "b:2"] and lb.get_total_inflight() == 0
 
@@ -283,3 +284,31 @@ def test_vllm_server_passes_dp_rank_only_when_set():
     # vLLM 0.23's AsyncLLM.generate takes the rank
     g = _function(SOURCES / "vllm/vllm/v1/engine/async_llm.py", "AsyncLLM", "generate")
     assert "data_parallel_rank" in [a.arg for a in g.args.args + g.args.kwonlyargs]
+
+
+def test_trainer_gets_the_step_metrics(monkeypatch):
+    assert verl_hook.step_metrics(None) == {}
+    off = types.SimpleNamespace(_load_balancer_cls=llm_server.GlobalRequestLoadBalancer)
+    assert verl_hook.step_metrics(off) == {}
+    servers = {"a:1": FakeServer("a"), "b:2": FakeServer("b")}
+    lb, _ = run_clients(servers, {"ROLLOUT_REBALANCE_ENABLE": "1"}, config(), [[3, i] for i in range(10)])
+    handle = types.SimpleNamespace(
+        get_rebalance_metrics=types.SimpleNamespace(remote=lambda **kw: lb.get_rebalance_metrics(**kw))
+    )
+    manager = types.SimpleNamespace(_load_balancer_cls=type(lb), global_load_balancer=handle)
+    monkeypatch.setattr(verl_hook_ray(), "get", asyncio.run)  # the actor call, run here (no Ray)
+    m = verl_hook.step_metrics(manager, wait_idle_s=0.1)
+    assert m["rollout_rebalance/steps"] == 1.0
+    assert m["rollout_rebalance/a:1/requests"] + m["rollout_rebalance/b:2/requests"] == 10
+    assert 0.0 <= m["rollout_rebalance/idle_fraction/max"] <= 1.0
+    assert verl_hook.step_metrics(manager, wait_idle_s=0.0) == {}  # consumed
+    # the V1 trainer calls the hook right after the replay buffer returned the step's batch
+    f = _function(SOURCES / "verl/verl/trainer/ppo/v1/trainer_base.py", "PPOTrainer", "_step_once")
+    body = ast.unparse(f)
+    assert body.index("self.replay_buffer.sample(") < body.index("rebalance_hook.step_metrics(")
+
+
+def verl_hook_ray():
+    import ray
+
+    return ray

@@ -1,4 +1,5 @@
-"""The three calls the verl patch ``rollout-rebalance`` makes (``verl/workers/rollout/llm_server.py``).
+"""The calls the verl patch ``rollout-rebalance`` makes (``verl/workers/rollout/llm_server.py`` and, for
+the per-step metrics, ``verl/trainer/ppo/v1/trainer_base.py``).
 
 Each returns verl's own value unchanged when ``ROLLOUT_REBALANCE_ENABLE`` is off, so the patched
 ``LLMServerManager`` behaves exactly as upstream. Nothing here imports verl until the switch is on.
@@ -61,3 +62,18 @@ def client_cls(base: type, lb_cls: type | None) -> type:
 
     attrs = {"rebalance_max_attempts": lb_cls.rebalance_settings.max_attempts}
     return type(f"Rebalance{base.__name__}", (RebalanceClientMixin, base), attrs)
+
+
+def step_metrics(manager: Any, wait_idle_s: float = 2.0) -> dict[str, float]:
+    """The dispatcher's metrics of the generation step that just ended, for the trainer's logger
+    (``rollout_rebalance/...``: step time, per-target busy time, idle fraction, requests, predicted vs
+    actual work); ``{}`` when the balancer is verl's. Several steps since the last call (validation,
+    DAPO refills): the last one, and ``rollout_rebalance/steps`` counts them."""
+    if manager is None or not is_rebalance(getattr(manager, "_load_balancer_cls", None)):
+        return {}
+    import ray
+
+    steps = ray.get(manager.global_load_balancer.get_rebalance_metrics.remote(wait_idle_s=wait_idle_s))
+    if not steps:
+        return {}
+    return {**steps[-1], "rollout_rebalance/steps": float(len(steps))}

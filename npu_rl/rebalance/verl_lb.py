@@ -83,6 +83,7 @@ class RebalanceLoadBalancer(GlobalRequestLoadBalancer):
         )
         self._tickets = itertools.count()
         self._target_server: dict[str, str] = {}
+        self._pending_metrics: list[dict[str, float]] = []
         self._add_targets(list(servers))
         logger.warning(
             "rollout rebalance on: %d target(s) x %d slots (%s, keep_groups=%s, predict=%s)",
@@ -155,18 +156,25 @@ class RebalanceLoadBalancer(GlobalRequestLoadBalancer):
             for t in self._targets_of(sid):
                 self.dispatcher.remove_target(t)
 
-    def get_rebalance_metrics(self) -> list[dict[str, float]]:
-        """Per-step metrics since the last call (see :meth:`StepStats.metrics`)."""
-        out, self._pending_metrics = getattr(self, "_pending_metrics", []), []
+    async def get_rebalance_metrics(self, wait_idle_s: float = 0.0) -> list[dict[str, float]]:
+        """Per-step metrics (see :meth:`StepStats.metrics`) of the steps finished since the last call.
+
+        ``wait_idle_s``: first wait up to this long for the step in progress to end (the last
+        releases are fire-and-forget calls and may trail the trainer by milliseconds).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_idle_s
+        while not self.dispatcher.policy.idle() and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        self._write_metrics()
+        out, self._pending_metrics = self._pending_metrics, []
         return out
 
     def _write_metrics(self) -> None:
         new = self.dispatcher.step_metrics()
         if not new:
             return
-        pending = getattr(self, "_pending_metrics", [])
-        pending.extend(new)
-        self._pending_metrics = pending[-64:]
+        self._pending_metrics = (self._pending_metrics + new)[-64:]
         path = self.rebalance_settings.metrics_file
         if path:
             with open(path, "a") as f:
