@@ -312,3 +312,27 @@ def verl_hook_ray():
     import ray
 
     return ray
+
+
+def test_classes_travel_to_ray_workers_with_their_settings(monkeypatch, tmp_path):
+    """Ray ships the balancer class and the client instance by cloudpickle: a fresh process without
+    the switch set must get the bound settings back."""
+    import subprocess
+    import sys
+
+    from ray import cloudpickle
+
+    monkeypatch.setenv("ROLLOUT_REBALANCE_ENABLE", "1")
+    monkeypatch.setenv("ROLLOUT_REBALANCE_KEEP_GROUPS", "1")
+    lb_cls = verl_hook.load_balancer_cls(config(dp=2, max_num_seqs=7))
+    client = verl_hook.client_cls(llm_server.LLMServerClient, lb_cls)(config=config(), load_balancer_handle=None)
+    blob = tmp_path / "blob.pkl"
+    blob.write_bytes(cloudpickle.dumps((lb_cls, client)))
+    code = (
+        f"import pickle; lb, c = pickle.load(open({str(blob)!r}, 'rb')); s = lb.rebalance_settings; "
+        "print(s.max_num_seqs, s.data_parallel_size, s.keep_groups, type(c).__mro__[1].__name__)"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_REBALANCE")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.split() == ["7", "2", "True", "RebalanceClientMixin"], out.stderr[-2000:]
