@@ -1,0 +1,167 @@
+"""Real response-length workloads for the rollout simulator.
+
+``benchmarks/data/response_lengths.json`` (committed; regenerate with ``benchmarks/make_length_tables.py
+--data-dir ../shared/data``) holds, per dataset and prompt, the prompt's token count and the token counts
+of its real sampled responses (Qwen3 tokenizer), with a ``capped`` flag per response (it ran into the
+generation cap). Datasets: ``qwen25math_maj8`` (100 MATH prompts x 8 samples), ``skyt1_long`` and
+``skyt1_short`` (30 AIME24 prompts x 11 SFT checkpoints, long and short recipes) and ``skyt1`` (both
+recipes: 22 responses per prompt). Provenance (source files, upstream commits, tokenizer version) is in
+the table itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from npu_rl import REPO_ROOT
+from npu_rl.sim.model import SimError, SimRequest
+
+TABLE = REPO_ROOT / "benchmarks" / "data" / "response_lengths.json"
+COMBINED = {"skyt1": ("skyt1_long", "skyt1_short")}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Per-prompt real response lengths of one dataset.
+
+    ``prompt_names[k]``, ``prompt_tokens[k]`` (int), ``responses[k]`` (int array of that prompt's response
+    token counts), ``capped[k]`` (bool array: that response hit the generation cap). Prompt ids used by
+    :func:`sample_step` are the positions k = 0..n_prompts-1. ``generation_cap``: the cap the responses
+    were generated under (None if unknown). ``provenance``: the table's record for the dataset.
+    """
+
+    name: str
+    prompt_names: tuple[str, ...]
+    prompt_tokens: np.ndarray
+    responses: tuple[np.ndarray, ...]
+    capped: tuple[np.ndarray, ...]
+    generation_cap: int | None = None
+    provenance: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def n_prompts(self) -> int:
+        return len(self.prompt_names)
+
+    def all_lengths(self) -> np.ndarray:
+        """Every response length of every prompt, concatenated (tokens)."""
+        return np.concatenate(self.responses) if self.responses else np.zeros(0, dtype=np.int64)
+
+    def mean_lengths(self) -> np.ndarray:
+        """Per-prompt mean response length (tokens), shape (n_prompts,)."""
+        return np.array([r.mean() for r in self.responses])
+
+    def n_capped(self) -> int:
+        return int(sum(c.sum() for c in self.capped))
+
+    def drop_capped(self) -> Workload:
+        """The workload without capped responses (prompts left with none are dropped)."""
+        keep = [k for k in range(self.n_prompts) if (~self.capped[k]).any()]
+        return Workload(
+            name=f"{self.name}-uncapped",
+            prompt_names=tuple(self.prompt_names[k] for k in keep),
+            prompt_tokens=self.prompt_tokens[keep],
+            responses=tuple(self.responses[k][~self.capped[k]] for k in keep),
+            capped=tuple(np.zeros(int((~self.capped[k]).sum()), dtype=bool) for k in keep),
+            generation_cap=self.generation_cap,
+            provenance=self.provenance,
+        )
+
+
+def _from_record(name: str, rec: dict, where: str) -> Workload:
+    try:
+        prompts = rec["prompts"]
+        names = tuple(str(p["id"]) for p in prompts)
+        ptok = np.array([int(p["prompt_tokens"]) for p in prompts], dtype=np.int64)
+        resp = tuple(np.array(p["response_tokens"], dtype=np.int64) for p in prompts)
+        capped = tuple(np.array(p["capped"], dtype=bool) for p in prompts)
+    except (KeyError, TypeError, ValueError) as e:
+        raise SimError(
+            f"{where}: dataset {name!r} is malformed ({e!r}); regenerate it with make_length_tables.py"
+        ) from e
+    for n, r, c in zip(names, resp, capped, strict=True):
+        if len(r) == 0 or len(r) != len(c) or (r < 1).any():
+            raise SimError(f"{where}: dataset {name!r} prompt {n!r} has no, or bad, response lengths")
+    prov = {k: v for k, v in rec.items() if k != "prompts"}
+    return Workload(name, names, ptok, resp, capped, rec.get("generation_cap"), prov)
+
+
+def load_workload(name: str, table: str | Path | None = None) -> Workload:
+    """Load dataset ``name`` from the committed length table (or ``table``, a JSON file of the same format).
+
+    Raises :class:`~npu_rl.sim.model.SimError` naming the available datasets if ``name`` is unknown, or the
+    file if it is missing or malformed.
+    """
+    path = Path(table) if table is not None else TABLE
+    if not path.is_file():
+        raise SimError(f"length table {path} not found: run benchmarks/make_length_tables.py --data-dir <shared data>")
+    try:
+        data = json.loads(path.read_text())
+        datasets = data["datasets"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise SimError(f"{path}: not a response-length table ({e!r}); regenerate it with make_length_tables.py") from e
+    if name in COMBINED and name not in datasets:
+        parts = [_from_record(p, datasets[p], str(path)) for p in COMBINED[name] if p in datasets]
+        if len(parts) != len(COMBINED[name]):
+            raise SimError(f"{path}: {name!r} needs datasets {COMBINED[name]}")
+        first = parts[0]
+        for other in parts[1:]:
+            if other.prompt_names != first.prompt_names or (other.prompt_tokens != first.prompt_tokens).any():
+                raise SimError(f"{path}: {COMBINED[name]} do not list the same prompts; cannot combine")
+        return Workload(
+            name=name,
+            prompt_names=first.prompt_names,
+            prompt_tokens=first.prompt_tokens,
+            responses=tuple(np.concatenate(rs) for rs in zip(*(p.responses for p in parts), strict=True)),
+            capped=tuple(np.concatenate(cs) for cs in zip(*(p.capped for p in parts), strict=True)),
+            generation_cap=first.generation_cap,
+            provenance={p.name: p.provenance for p in parts},
+        )
+    if name not in datasets:
+        known = sorted(set(datasets) | {c for c, parts in COMBINED.items() if set(parts) <= set(datasets)})
+        raise SimError(f"unknown workload {name!r} in {path}: choose one of {known}")
+    return _from_record(name, datasets[name], str(path))
+
+
+def sample_step(
+    workload: Workload,
+    prompt_ids: Sequence[int],
+    n: int,
+    rng: np.random.Generator,
+    *,
+    predicted: Mapping[int, float] | Sequence[float] | None = None,
+    max_response_len: int | None = None,
+    first_rid: int = 0,
+) -> list[SimRequest]:
+    """The requests of one generation step: n samples of each prompt in ``prompt_ids`` (batch order).
+
+    Each prompt's n response lengths are drawn with replacement from its real samples. ``group`` is the
+    position in ``prompt_ids`` (a prompt listed twice forms two groups, as two dataset rows would);
+    ``prompt_id`` is the workload's prompt index. ``predicted``: optional per-prompt-id length prediction
+    (mapping or sequence indexed by prompt id) copied into ``predicted_len``. ``max_response_len``: clip
+    lengths to this cap (a recipe's max response length). rids run from ``first_rid``, prompt-major.
+    Raises :class:`~npu_rl.sim.model.SimError` for an unknown prompt id or n < 1.
+    """
+    if n < 1:
+        raise SimError(f"sample_step n={n}: must be >= 1 (samples per prompt)")
+    if max_response_len is not None and max_response_len < 1:
+        raise SimError(f"sample_step max_response_len={max_response_len}: must be >= 1")
+    out: list[SimRequest] = []
+    rid = first_rid
+    for g, pid in enumerate(prompt_ids):
+        pid = int(pid)
+        if not 0 <= pid < workload.n_prompts:
+            raise SimError(f"prompt id {pid} not in workload {workload.name!r} (0..{workload.n_prompts - 1})")
+        lens = rng.choice(workload.responses[pid], size=n, replace=True)
+        if max_response_len is not None:
+            lens = np.minimum(lens, max_response_len)
+        pred = None if predicted is None else float(predicted[pid])
+        ptok = int(workload.prompt_tokens[pid])
+        for length in lens:
+            out.append(SimRequest(rid, g, ptok, int(length), predicted_len=pred, prompt_id=pid))
+            rid += 1
+    return out
