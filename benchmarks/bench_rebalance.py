@@ -1,6 +1,6 @@
 """Rollout rebalance in the rollout simulator, on real response lengths (issue 8 measurements).
 
-    python benchmarks/bench_rebalance.py                 # both recipe settings, 8 steps each, sweep, plots
+    python benchmarks/bench_rebalance.py                 # both settings, 2 workloads, 4 steps, sweep, plots
     python benchmarks/bench_rebalance.py --steps 4 --settings 32b --no-plots
 
 Settings (REFERENCE §7, ``npu_rl.sim`` presets): Qwen3-32B = 4 replicas of TP8, max_num_seqs 256,
@@ -24,13 +24,12 @@ Predictions: per prompt, the mean of n fresh samples of it (what one earlier epo
 Printed per routing: generate-step time (mean over steps), ratio to the simulator's lower bound
 max(longest response alone, total work / capacity), idle fraction per replica (mean and max), change
 vs verl default, re-prefilled tokens. Then the sensitivity sweep over the cost-model ranges of
-REFERENCE §7 (t0 x0.5-1.5, t1 x1-6, t2 x0.4-1.6), and the per-replica timeline PNGs in docs/.
+REFERENCE §7 (npu_rl.sim.sweep: t0 x0.5-1.5, t1 x0.6-6, t2 x0.4-1.6), and per-replica timeline PNGs in docs/.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
 import time
 from dataclasses import dataclass, field
@@ -41,11 +40,12 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from npu_rl.sim import CostModel, ReplicaConfig, lower_bound, simulate  # noqa: E402
-from npu_rl.sim.routing import PullRouting, VerlDefaultRouting  # noqa: E402
-from npu_rl.sim.workloads import load_workload, sample_step  # noqa: E402
-
 from npu_rl.rebalance.simroute import DispatcherRouting, Migration  # noqa: E402
+from npu_rl.sim import CostModel, ReplicaConfig, lower_bound, simulate  # noqa: E402
+from npu_rl.sim.plot import plot_timelines  # noqa: E402
+from npu_rl.sim.routing import PullRouting, VerlDefaultRouting  # noqa: E402
+from npu_rl.sim.sweep import sweep  # noqa: E402
+from npu_rl.sim.workloads import load_workload, sample_step  # noqa: E402
 
 MAX_RESPONSE = 32768
 
@@ -205,52 +205,47 @@ def print_table(title: str, table: dict[str, Agg]) -> None:
         )
 
 
-def sweep(st: Setting, workload, steps: int, seed: int) -> None:
-    print(f"\n## sensitivity sweep, {st.name} ({steps} steps per point): dispatcher vs verl default")
-    print(
-        f"{'t0 x':>5s} {'t1 x':>5s} {'t2 x':>5s} {'verl / LB':>9s} {'disp / LB':>9s} {'disp vs verl':>12s} "
-        f"{'verl idle':>9s}"
-    )
-    names = ("verl default", "dispatcher + cap 192")
-    for f0, f1, f2 in itertools.product((0.5, 1.5), (1.0, 6.0), (0.4, 1.6)):
-        t = run_setting(st, workload, steps, seed, st.cost.scaled(t0=f0, t1=f1, t2=f2), only=names)
-        v, d = t[names[0]], t[names[1]]
-        print(
-            f"{f0:5.1f} {f1:5.1f} {f2:5.1f} {np.mean(v.ratio):9.3f} {np.mean(d.ratio):9.3f} "
-            f"{np.mean(d.step_s) / np.mean(v.step_s) - 1:+12.1%} {np.mean(v.idle_mean):9.3f}"
-        )
+def sweep_setting(st: Setting, workload, steps: int, seed: int) -> None:
+    """``npu_rl.sim.sweep`` over REFERENCE §7's ranges (36 cost models): dispatcher (default switches)
+    step time / verl default's, and both against the lower bound."""
+    reqs_list = make_steps(workload, st, steps, seed, bucketed=False)
+    seqs = st.replicas.max_num_seqs
+    lb_ratio: dict[str, list[float]] = {"verl": [], "disp": []}
+
+    def metric(cost: CostModel) -> float:
+        v = d = 0.0
+        for reqs in reqs_list:
+            lb = lower_bound(reqs, cost, st.replicas)
+            rv = simulate(reqs, cost, st.replicas, VerlDefaultRouting()).step_ms
+            rd = simulate(reqs, cost, st.replicas, DispatcherRouting(seqs)).step_ms
+            lb_ratio["verl"].append(rv / lb)
+            lb_ratio["disp"].append(rd / lb)
+            v, d = v + rv, d + rd
+        return d / v
+
+    res = sweep(metric, st.cost)
+    print(f"\n## sensitivity sweep, {st.name}, {workload.name} ({steps} step(s) per cost model)")
+    print("dispatcher / verl default: " + res.summary("step-time ratio"))
+    for k, name in (("verl", "verl default"), ("disp", "dispatcher")):
+        r = np.array(lb_ratio[k])
+        print(f"{name} / lower bound: min {r.min():.3f} / median {np.median(r):.3f} / max {r.max():.3f}")
 
 
-def plot_timelines(st: Setting, key: str, workload, seed: int, out_dir: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot_setting(st: Setting, key: str, workload, seed: int, out_dir: Path) -> Path:
+    """Per-replica timelines (running sequences) of one step: verl default vs the dispatcher."""
     reqs = make_steps(workload, st, 1, seed, bucketed=False)[0]
-    panels = [
-        ("verl default", VerlDefaultRouting()),
-        ("dispatcher (cap 192)", DispatcherRouting(st.replicas.max_num_seqs, max_inflight=192)),
-    ]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 6), sharex=True)
-    for ax, (name, routing) in zip(axes, panels, strict=True):
-        res = simulate(reqs, st.cost, st.replicas, routing)
-        for t, b in res.timeline:
-            ax.step(np.asarray(t) / 1e3, b, where="post", lw=0.8, alpha=0.8 if len(res.timeline) <= 8 else 0.35)
-        ax.axvline(res.step_ms / 1e3, color="k", ls="--", lw=0.8)
-        ax.set_title(
-            f"{name}: step {res.step_ms / 1e3:.0f} s, {res.step_ms / lower_bound(reqs, st.cost, st.replicas):.2f}x LB, "
-            f"idle mean {res.idle_fraction.mean():.2f} max {res.idle_fraction.max():.2f}",
-            fontsize=9,
-        )
-        ax.set_ylabel("running sequences")
-    axes[-1].set_xlabel("time (s)")
-    fig.suptitle(f"{st.name}: running sequences per replica / DP rank ({workload.name})", fontsize=10)
-    fig.tight_layout()
-    path = out_dir / f"rebalance_timeline_{key}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    oracle = make_steps(workload, st, 1, seed, bucketed=False, oracle=True)[0]
+    seqs = st.replicas.max_num_seqs
+    results = {
+        "verl default": simulate(reqs, st.cost, st.replicas, VerlDefaultRouting()),
+        "dispatcher (predictions)": simulate(reqs, st.cost, st.replicas, DispatcherRouting(seqs)),
+        "dispatcher, oracle lengths": simulate(oracle, st.cost, st.replicas, DispatcherRouting(seqs)),
+    }
+    return plot_timelines(
+        results,
+        out_dir / f"rebalance_timeline_{key}.png",
+        title=f"{st.name}, {workload.name}: running sequences per replica / DP rank",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         help="comma list of npu_rl.sim.workloads datasets (default skyt1_long,skyt1)",
     )
     ap.add_argument("--steps", type=int, default=4, help="generation steps per routing (default 4)")
-    ap.add_argument("--sweep-steps", type=int, default=2, help="steps per sweep point (default 2; 0: no sweep)")
+    ap.add_argument("--sweep-steps", type=int, default=1, help="steps per sweep cost model (default 1; 0: none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--plot-dir", type=Path, default=REPO / "docs")
@@ -290,10 +285,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"(the lower bound charges t0 once per {st.replicas.max_num_seqs} running sequences)"
             )
             if wi == 0 and args.sweep_steps:
-                sweep(st, workload, args.sweep_steps, args.seed)
+                sweep_setting(st, workload, args.sweep_steps, args.seed)
             if wi == 0 and not args.no_plots:
                 args.plot_dir.mkdir(parents=True, exist_ok=True)
-                print(f"timeline: {plot_timelines(st, key, workload, args.seed, args.plot_dir)}")
+                print(f"timeline: {plot_setting(st, key, workload, args.seed, args.plot_dir)}")
     print(f"\ndone in {time.time() - t_start:.0f} s")
     return 0
 
