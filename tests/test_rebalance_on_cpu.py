@@ -369,3 +369,34 @@ def test_policy_kv_budget_holds_requests_centrally():
     assert [r.request_id for r in q.assign(0.0)] == ["r0"]  # strict order: the 10-token one waits too
     q.finish("r0", 1.0)
     assert [r.request_id for r in q.assign(1.0)] == ["r1", "r2"]
+
+
+def test_removed_targets_make_requests_wait_not_fail():
+    rep = FakeReplica("a", 2, tick=1e-5)
+
+    async def main():
+        d = Dispatcher({"a": 2})
+        d.remove_target("a")  # e.g. verl's hybrid mode during weight sync
+        task = asyncio.ensure_future(d.run("x", lambda t: rep.generate("x", 1), group="x"))
+        await asyncio.sleep(0.05)
+        assert not task.done() and d.policy.waiting == 1
+        d.add_target("a", 2)
+        return await asyncio.wait_for(task, 2)
+
+    assert run(main())["rid"] == "x"
+
+
+def test_cancelled_waiter_leaves_no_trace():
+    async def main():
+        d = Dispatcher({"a": 1})
+        first = await d.acquire("first", group="g")
+        waiter = asyncio.ensure_future(d.acquire("second", group="g"))
+        await asyncio.sleep(0.01)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert d.policy.waiting == 0
+        d.release("first", response_len=5)
+        assert first == "a" and d.policy.idle()
+
+    run(main())

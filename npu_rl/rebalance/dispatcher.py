@@ -57,6 +57,7 @@ class Dispatcher:
         self.gather_s = gather_s
         self.clock = clock
         self._futures: dict[str, asyncio.Future[str]] = {}
+        self._removed: set[str] = set()  # taken out on purpose (they come back): requests wait for them
         self._gate: asyncio.TimerHandle | None = None
         self._metrics: list[dict[str, float]] = []
 
@@ -69,7 +70,7 @@ class Dispatcher:
         Raises:
             NpuRlError: the same request id is already waiting or in flight; every target has failed.
         """
-        if not self.policy.healthy_targets():
+        if self._all_failed():
             raise NpuRlError("no healthy rollout target left in the dispatcher (every replica failed)")
         group = group if group is not None else request_id
         predicted = self.predictor.predict(group, prompt_len)
@@ -138,12 +139,20 @@ class Dispatcher:
 
     # ----- targets and metrics
     def add_target(self, name: str, capacity: int) -> None:
+        """Register a target, or bring back one that was removed or had failed."""
+        self._removed.discard(name)
         self.policy.add_target(name, capacity)
         self._pump()
 
     def remove_target(self, name: str) -> None:
+        """Take a target out of rotation on purpose (verl removes servers during weight sync in
+        hybrid mode): waiting requests keep waiting for it, they do not fail."""
+        self._removed.add(name)
         self.policy.remove_target(name)
         self._after_change()
+
+    def _all_failed(self) -> bool:
+        return not self.policy.healthy_targets() and not self._removed
 
     def step_metrics(self) -> list[dict[str, float]]:
         """Metrics of the steps finished since the last call (oldest first), then forgets them."""
@@ -161,7 +170,7 @@ class Dispatcher:
 
     def _after_change(self) -> None:
         self._collect_steps()
-        if not self.policy.healthy_targets():
+        if self._all_failed():
             err = NpuRlError("no healthy rollout target left in the dispatcher (every replica failed)")
             for rid, fut in list(self._futures.items()):
                 if not fut.done():
