@@ -1,6 +1,6 @@
 """Rollout rebalance in the rollout simulator, on real response lengths (issue 8 measurements).
 
-    python benchmarks/bench_rebalance.py                 # both settings, 2 workloads, 4 steps, sweep, plots
+    python benchmarks/bench_rebalance.py                 # both settings, 2 workloads, sweep, plots
     python benchmarks/bench_rebalance.py --steps 4 --settings 32b --no-plots
 
 Settings (REFERENCE §7, ``npu_rl.sim`` presets): Qwen3-32B = 4 replicas of TP8, max_num_seqs 256,
@@ -56,18 +56,24 @@ class Setting:
     cost: CostModel
     replicas: ReplicaConfig
     prompts: int
+    steps: int = 4  # generation steps per routing (each a fresh draw of prompts and lengths)
     n: int = 16
 
 
 SETTINGS = {
     "32b": Setting(
-        "Qwen3-32B: 4 x TP8, GBS 64 x n 16", CostModel.qwen3_32b_tp8_a3_graph(), ReplicaConfig.qwen3_32b_recipe(), 64
+        "Qwen3-32B: 4 x TP8, GBS 64 x n 16",
+        CostModel.qwen3_32b_tp8_a3_graph(),
+        ReplicaConfig.qwen3_32b_recipe(),
+        64,
+        steps=16,
     ),
     "235b": Setting(
         "Qwen3-235B-A22B: TP4 x DP32 lockstep, GBS 512 x n 16",
         CostModel.qwen3_235b_dp_rank(),
         ReplicaConfig.qwen3_235b_recipe(),
         512,
+        steps=8,
     ),
 }
 
@@ -256,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         default="skyt1_long,skyt1",
         help="comma list of npu_rl.sim.workloads datasets (default skyt1_long,skyt1)",
     )
-    ap.add_argument("--steps", type=int, default=4, help="generation steps per routing (default 4)")
+    ap.add_argument("--steps", type=int, default=0, help="generation steps per routing (default: 16 at 32B, 8 at 235B)")
     ap.add_argument("--sweep-steps", type=int, default=1, help="steps per sweep cost model (default 1; 0: none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-plots", action="store_true")
@@ -277,8 +283,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         for key in keys:
             st = SETTINGS[key]
-            table = run_setting(st, workload, args.steps, args.seed)
-            print_table(f"{st.name}, {workload.name} ({args.steps} steps)", table)
+            steps = args.steps or st.steps
+            table = run_setting(st, workload, steps, args.seed)
+            print_table(f"{st.name}, {workload.name} ({steps} steps)", table)
             v = table["verl default"]
             print(
                 f"verl default: mean decode iterations x t0 = {np.mean(v.iters_t0_s):.0f} s per replica "
