@@ -225,7 +225,7 @@ def test_client_and_balancer_through_verl_generate():
     assert lb.dispatcher.policy.idle()
     assert len(lb.dispatcher.predictor) == len({tuple(p) for p in prompts})  # learned from the responses
     (m,) = asyncio.run(lb.get_rebalance_metrics())
-    assert m["rollout_rebalance/a:1/requests"] + m["rollout_rebalance/b:2/requests"] == len(prompts)
+    assert m["rollout_rebalance/replica0/requests"] + m["rollout_rebalance/replica1/requests"] == len(prompts)
     assert lb.get_all_servers() == ["a:1", "b:2"] and lb.get_total_inflight() == 0
 
 
@@ -237,7 +237,7 @@ def test_dp_ranks_of_one_replica_are_targets():
     ranks = Counter(servers["only:1"].ranks)
     assert set(ranks) == {0, 1, 2, 3}
     assert max(servers["only:1"].max_inflight.values()) <= 3
-    assert sorted(lb.dispatcher.policy.targets) == [f"only:1#dp{r}" for r in range(4)]
+    assert sorted(lb.dispatcher.policy.targets) == [f"replica0#dp{r}" for r in range(4)]
     # with DP-rank routing off, vLLM chooses the rank again (no data_parallel_rank passed)
     servers = {"only:1": FakeServer("only")}
     run_clients(servers, {"ROLLOUT_REBALANCE_ENABLE": "1", "ROLLOUT_REBALANCE_DP_RANKS": "0"}, config(dp=4), prompts)
@@ -249,13 +249,13 @@ def test_dead_replica_is_retried_elsewhere():
     prompts = [[2, i] for i in range(12)]
     lb, outs = run_clients(servers, {"ROLLOUT_REBALANCE_ENABLE": "1"}, config(), prompts)
     assert len(outs) == 12 and len(servers["ok:2"].ranks) == 12
-    assert lb.dispatcher.policy.targets["dead:1"].healthy is False
+    assert lb.dispatcher.policy.targets["replica0"].healthy is False  # "dead:1" registered first
 
 
 def test_split_server_id():
-    assert split_server_id("10.0.0.1:8000#dp3|abc:7") == ("10.0.0.1:8000#dp3", "abc:7", 3)
-    assert split_server_id("[::1]:80|x:1") == ("[::1]:80", "x:1", None)
-    assert split_server_id("plain:80") == ("plain:80", "", None)
+    assert split_server_id("replica2#dp3|abc:7") == ("replica2#dp3", "abc:7", 3)
+    assert split_server_id("replica0|x:1") == ("replica0", "x:1", None)
+    assert split_server_id("10.0.0.1:80") == ("10.0.0.1:80", "", None)  # verl's own id: no ticket
 
 
 def _function(path: Path, cls: str, name: str) -> ast.AsyncFunctionDef:
@@ -299,7 +299,7 @@ def test_trainer_gets_the_step_metrics(monkeypatch):
     monkeypatch.setattr(verl_hook_ray(), "get", asyncio.run)  # the actor call, run here (no Ray)
     m = verl_hook.step_metrics(manager, wait_idle_s=0.1)
     assert m["rollout_rebalance/steps"] == 1.0
-    assert m["rollout_rebalance/a:1/requests"] + m["rollout_rebalance/b:2/requests"] == 10
+    assert m["rollout_rebalance/replica0/requests"] + m["rollout_rebalance/replica1/requests"] == 10
     assert 0.0 <= m["rollout_rebalance/idle_fraction/max"] <= 1.0
     assert verl_hook.step_metrics(manager, wait_idle_s=0.0) == {}  # consumed
     # the V1 trainer calls the hook right after the replay buffer returned the step's batch

@@ -5,8 +5,9 @@ shared ``GlobalRequestLoadBalancer`` actor -> ``vLLMHttpServer.generate`` -> ``r
 
 :class:`RebalanceLoadBalancer` subclasses verl's balancer; its ``acquire_server`` is *async*: it
 returns when :class:`~npu_rl.rebalance.dispatcher.Dispatcher` releases the request (pull-based,
-longest-predicted-first). The server id it returns is ``"<target>|<ticket>"``; verl's client hands it
-back unchanged to ``release_server``, so even an unpatched client releases the right slot.
+longest-predicted-first). The server id it returns is ``"<target>|<ticket>"`` (target ``replica<i>`` or
+``replica<i>#dp<r>``); verl's client hands it back unchanged to ``release_server``, so even an
+unpatched client releases the right slot.
 
 :class:`RebalanceClientMixin` (mixed into verl's client class by the hook) sends what the balancer
 needs and verl's client does not: the prompt key (hash of the prompt token ids: the same for the n
@@ -83,6 +84,7 @@ class RebalanceLoadBalancer(GlobalRequestLoadBalancer):
         )
         self._tickets = itertools.count()
         self._target_server: dict[str, str] = {}
+        self._replica_index: dict[str, int] = {}  # server address -> stable replica number (metric names)
         self._pending_metrics: list[dict[str, float]] = []
         self._add_targets(list(servers))
         logger.warning(
@@ -95,8 +97,11 @@ class RebalanceLoadBalancer(GlobalRequestLoadBalancer):
         )
 
     def _targets_of(self, server_id: str) -> list[str]:
+        """Target names of a server: ``replica<i>`` or ``replica<i>#dp<r>`` (``i`` in registration
+        order, stable across runs unlike the server's address; used in the metric names)."""
+        i = self._replica_index.setdefault(server_id, len(self._replica_index))
         k = self.rebalance_settings.dp_targets()
-        return [server_id] if k == 1 else [f"{server_id}{DP}{r}" for r in range(k)]
+        return [f"replica{i}"] if k == 1 else [f"replica{i}{DP}{r}" for r in range(k)]
 
     def _add_targets(self, server_ids: list[str]) -> None:
         for sid in server_ids:
@@ -132,8 +137,8 @@ class RebalanceLoadBalancer(GlobalRequestLoadBalancer):
         ``response_len`` feeds the length predictor; ``failed`` counts a replica failure.
         """
         target, ticket, _ = split_server_id(server_id)
-        sid = self._target_server.get(target, target)
-        if self._inflight_requests.get(sid, 0) > 0:
+        sid = self._target_server.get(target)
+        if sid is not None and self._inflight_requests.get(sid, 0) > 0:
             self._inflight_requests[sid] -= 1
         if not ticket:
             return
