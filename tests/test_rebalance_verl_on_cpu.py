@@ -336,3 +336,18 @@ def test_classes_travel_to_ray_workers_with_their_settings(monkeypatch, tmp_path
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.stdout.split() == ["7", "2", "True", "RebalanceClientMixin"], out.stderr[-2000:]
+
+
+def test_replica_server_concurrency(monkeypatch):
+    """verl lets a replica's server actor run max(1000, max_num_seqs + 16) calls; with DP ranks as
+    targets the dispatcher needs DP x max_num_seqs of them (the real property, patched)."""
+    from verl.workers.rollout.replica import RolloutReplica
+
+    replica = RolloutReplica.__new__(RolloutReplica)
+    replica.config = types.SimpleNamespace(max_num_seqs=256, data_parallel_size=32)
+    monkeypatch.delenv("ROLLOUT_REBALANCE_ENABLE", raising=False)
+    assert replica.max_concurrency == 1000  # upstream value: ~30 requests per DP rank reach vLLM
+    monkeypatch.setenv("ROLLOUT_REBALANCE_ENABLE", "1")
+    assert replica.max_concurrency == 32 * 256 + 16
+    replica.config = types.SimpleNamespace(max_num_seqs=256, data_parallel_size=1)
+    assert replica.max_concurrency == 1000  # one engine per replica: verl's value already suffices

@@ -77,3 +77,18 @@ def step_metrics(manager: Any, wait_idle_s: float = 2.0) -> dict[str, float]:
     if not steps:
         return {}
     return {**steps[-1], "rollout_rebalance/steps": float(len(steps))}
+
+
+def server_max_concurrency(config: Any, default: int) -> int:
+    """Concurrent calls a rollout server actor accepts (verl: ``max(1000, max_num_seqs + 16)``).
+
+    verl 0.9.0 sends every request of a replica to its node-0 server, whose Ray actor runs at most
+    ``max(1000, max_num_seqs + 16)`` calls at once; with ``data_parallel_size`` DP ranks behind it
+    (TP4 x DP32: 32 x 256 = 8192 slots) only ~1000 requests reach vLLM and the rest wait in Ray's
+    queue, ~30 per DP rank. With the switch on, the dispatcher chooses every request's DP rank and
+    keeps each rank at ``max_num_seqs``, so the server must accept ``DP x max_num_seqs`` (+16 control
+    calls). Switch off: ``default`` (upstream behaviour)."""
+    if not enabled():
+        return default
+    dp = int(getattr(config, "data_parallel_size", 1) or 1)
+    return max(default, dp * int(config.max_num_seqs) + 16)
