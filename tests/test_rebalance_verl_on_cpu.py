@@ -343,7 +343,11 @@ def test_replica_server_concurrency(monkeypatch):
     targets the dispatcher needs DP x max_num_seqs of them (the real property, patched)."""
     from verl.workers.rollout.replica import RolloutReplica
 
-    replica = RolloutReplica.__new__(RolloutReplica)
+    class Replica(RolloutReplica):  # the property under test is RolloutReplica's own
+        async def launch_servers(self):
+            raise NotImplementedError
+
+    replica = Replica.__new__(Replica)
     replica.config = types.SimpleNamespace(max_num_seqs=256, data_parallel_size=32)
     monkeypatch.delenv("ROLLOUT_REBALANCE_ENABLE", raising=False)
     assert replica.max_concurrency == 1000  # upstream value: ~30 requests per DP rank reach vLLM
