@@ -12,6 +12,8 @@ whose 32 DP ranks step in lockstep (EP128), 256 seqs and ~900K KV tokens per ran
 Routings, each over the same steps (same requests):
   verl default     verl 0.9.0: least in-flight count per request (one replica with DP ranks: vLLM's
                    internal DP balancer, also by count) - ``npu_rl.sim.routing.VerlDefaultRouting``
+  ... as deployed  235B only: verl's server actor runs at most 1000 calls, so ~31 requests per DP
+                   rank reach vLLM, FIFO from Ray's queue (approximated as a FIFO pull, 31 per rank)
   pull FIFO        on-demand release in arrival order, no placement rule (``PullRouting``)
   dispatcher       ours (``DispatchPolicy`` via ``DispatcherRouting``): longest predicted first,
                    least predicted load; without predictions (prompt length only) and with them
@@ -58,6 +60,9 @@ class Setting:
     prompts: int
     steps: int = 4  # generation steps per routing (each a fresh draw of prompts and lengths)
     n: int = 16
+    # requests per replica that reach vLLM under verl 0.9.0: its server actor runs at most
+    # max(1000, max_num_seqs + 16) calls; None when that exceeds the replica's slots
+    deployed_cap: int | None = None
 
 
 SETTINGS = {
@@ -74,6 +79,7 @@ SETTINGS = {
         ReplicaConfig.qwen3_235b_recipe(),
         512,
         steps=8,
+        deployed_cap=1000 // 32,
     ),
 }
 
@@ -176,6 +182,13 @@ def run_setting(st: Setting, workload, steps: int, seed: int, cost: CostModel | 
             mig = mig_mk() if mig_mk else None
             res = simulate(reqs, cost, st.replicas, mk(), on_finish=mig)
             agg.add(res, lower_bound(reqs, cost, st.replicas), cost, mig.moved if mig else 0)
+    if only is None and st.deployed_cap:
+        # verl as deployed: Ray's FIFO queue in front of the server, vLLM's DP balancer by count
+        agg = table.setdefault(f"verl default as deployed ({st.deployed_cap}/rank)", Agg())
+        for reqs in all_steps:
+            rt = DispatcherRouting(st.replicas.max_num_seqs, order="fifo", max_inflight=st.deployed_cap)
+            res = simulate(reqs, cost, st.replicas, rt)
+            agg.add(res, lower_bound(reqs, cost, st.replicas), cost)
     if only is None:
         seqs = st.replicas.max_num_seqs
         extra = {
