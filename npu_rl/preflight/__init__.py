@@ -22,6 +22,7 @@ from npu_rl.features import env_flag, feature_state
 from npu_rl.preflight import checks
 from npu_rl.preflight.compose import Cli, check_overrides, compose_config, split_cli
 from npu_rl.preflight.model import MODELS_DIR, ModelFacts, find_model_config, load_model_facts, shipped_models
+from npu_rl.preflight.rebalance import check_rollout_rebalance
 from npu_rl.preflight.report import Report
 from npu_rl.preflight.sampler import check_sampler
 from npu_rl.preflight.spec_decode import check_spec_decode
@@ -105,6 +106,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         checks.check_skip_old_log_prob(cfg, report)
     checks.check_rollout_hygiene(env, report)
     check_spec_decode(cfg, env, report)
+    check_rollout_rebalance(cfg, env, report)
     plan = [
         ("config", f"{cli.config_name} ({cli.config_dir})"),
         ("cluster", f"{sel(cfg, 'trainer.nnodes')} node(s) x {sel(cfg, 'trainer.n_gpus_per_node')} dies = {world}"),

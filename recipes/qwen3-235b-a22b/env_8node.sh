@@ -12,3 +12,7 @@ export DATA_DIR="${DATA_DIR:-$HOME/data}"
 # between steps), and rollout progress lines in the driver log. Set either to 0 to turn it off.
 export NPU_RL_ENGINE_GC="${NPU_RL_ENGINE_GC:-1}"
 export NPU_RL_ROLLOUT_PROGRESS="${NPU_RL_ROLLOUT_PROGRESS:-1}"
+# Rollout rebalance (docs/rebalance.md; opt-in): our dispatcher picks the DP rank of every rollout
+# request, longest predicted first, and lets all 32 x 256 slots fill (verl lets ~31 per rank reach vLLM):
+# -11% to -15% generate time in simulation here, not yet measured live.
+# export ROLLOUT_REBALANCE_ENABLE=1
