@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=8, help="generation batches per epoch after scaling the data")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workloads", default="qwen25math_maj8,skyt1,mix")
-    ap.add_argument("--recipes", default="32B,235B")
+    ap.add_argument("--recipes", default="32B,235B", help=f"comma list of {', '.join(RECIPES)} (any case)")
     ap.add_argument("--bucket-size", type=int, default=1024)
     ap.add_argument("--sweep", action="store_true", help="32B comparison over the cost model's uncertainty corners")
     ap.add_argument("--guard", action="store_true", help="also simulate the long-tail guard (defaults) on random order")
@@ -214,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.epochs < 2:
         ap.error("--epochs must be >= 2 (the first epoch only learns)")
+    names = {k.lower(): k for k in RECIPES}
+    unknown = [r for r in args.recipes.split(",") if r.lower() not in names]
+    if unknown:
+        ap.error(f"--recipes: unknown {', '.join(unknown)}; choose from {', '.join(RECIPES)}")
+    args.recipes = ",".join(names[r.lower()] for r in args.recipes.split(","))
     t_start = time.time()
     rng = np.random.default_rng(args.seed)
     rows_out, plot_data = [], {}

@@ -205,11 +205,16 @@ def feature_state(
         if f.config:
             key, value = f.config
             on = on or str(select(key)).lower() == value.lower()
+        switch = f.env + "=1" if f.env else f"{f.config[0]}={f.config[1]}"  # type: ignore[index]
         if not on:
+            for p in f.params:
+                if env.get(p, "").strip():
+                    st.warnings.append(
+                        (p, f"is set but has no effect: the {f.name} is off", f"switch it on with {switch}, or drop it")
+                    )
             continue
         st.on.append(f)
         if not f.available():
-            switch = f.env + "=1" if f.env else f"{f.config[0]}={f.config[1]}"  # type: ignore[index]
             st.errors.append(
                 (
                     f.env or f.config[0],  # type: ignore[index]

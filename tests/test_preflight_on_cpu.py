@@ -410,3 +410,67 @@ def test_feature_variables_set_only_in_the_train_script_are_refused():
     r = check(env={**ENV_2X16, "NPU_RL_RANDOM_INIT": "1", "NPU_RL_NODE_FEATURE_ENV": node})
     msg = errors(r)["NPU_RL_RANDOM_INIT"].message
     assert "in the train script but '' in the node environment" in msg
+
+
+SPEC = "actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config"
+
+
+def test_a_misspelt_speculative_method_is_an_error_with_the_close_name():
+    e = errors(check(f"+{SPEC}.method=sma", f"+{SPEC}.num_speculative_tokens=3"))
+    assert "is not one this vLLM knows" in e[f"{SPEC}.method"].message and "sam" in e[f"{SPEC}.method"].fix
+
+
+def test_feature_tuning_variables_without_their_switch_are_named():
+    r = check(env={**ENV_2X16, "USE_ALLTOALL_OVERLAP": "1", "ROLLOUT_REBALANCE_ORDER": "fifo"})
+    warned = {w.key: w for w in r.report.warnings}
+    assert "all-to-all-v MoE reshard is off" in warned["USE_ALLTOALL_OVERLAP"].message
+    assert warned["USE_ALLTOALL_OVERLAP"].fix.startswith("switch it on with ALL_TO_ALL_RESHARD=1")
+    assert "rollout rebalance is off" in warned["ROLLOUT_REBALANCE_ORDER"].message
+
+
+def test_a_key_the_recipe_added_is_changed_without_plus_and_a_second_plus_is_named():
+    added = "+data.sampler.bucket_size=1024"
+    r = check(added, "data.sampler.bucket_size=2048")
+    assert "data.sampler.bucket_size" not in errors(r), r.render()
+    e = errors(check(added, "+data.sampler.bucket_size=2048"))
+    assert e["data.sampler.bucket_size"].fix == "drop the '+' to change it: data.sampler.bucket_size=2048"
+
+
+def test_feature_variables_given_as_overrides_and_short_speculative_names_get_the_right_fix():
+    e = errors(check("ROLLOUT_REBALANCE_ENABLE=1", "speculative_config.method=sam", "num_speculative_tokens=3"))
+    assert e["ROLLOUT_REBALANCE_ENABLE"].fix.startswith("export ROLLOUT_REBALANCE_ENABLE=1 in the ENV_SCRIPT")
+    assert e["speculative_config.method"].fix.endswith(f"write +{SPEC}.method=<value>")
+    assert e["num_speculative_tokens"].fix.endswith(f"write +{SPEC}.num_speculative_tokens=<value>")
+
+
+def test_reshard_tuning_values_and_backend_are_checked():
+    from omegaconf import OmegaConf
+
+    from npu_rl.preflight import checks
+    from npu_rl.preflight.report import Report
+
+    report = Report()
+    cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"checkpoint_engine": {"backend": "nccl"}}}})
+    env = {"ALL_TO_ALL_RESHARD_BUCKET_MB": "-4", "USE_ALLTOALL_OVERLAP": "2"}
+    checks.check_reshard_settings(cfg, env, report)
+    e = {p.key: p for p in report.errors}
+    assert "not a positive number of MiB" in e["ALL_TO_ALL_RESHARD_BUCKET_MB"].message
+    assert "not a boolean" in e["USE_ALLTOALL_OVERLAP"].message
+    assert "backend=nccl: it would never run" in e["ALL_TO_ALL_RESHARD"].message
+    report = Report()
+    cfg.actor_rollout_ref.rollout.checkpoint_engine.backend = "naive"
+    checks.check_reshard_settings(cfg, {"ALL_TO_ALL_RESHARD_BUCKET_MB": "256"}, report)
+    assert not report.errors
+
+
+def test_readme_holds_each_generated_table_once():
+    sys.path.insert(0, str(REPO_ROOT / "tools"))
+    try:
+        from update_readme_tables import TABLES, splice
+    finally:
+        sys.path.pop(0)
+    readme = (REPO_ROOT / "README.md").read_text()
+    for name in TABLES:
+        assert splice(readme, name, "X").count("X\n<!--") == 1
+    with pytest.raises(KeyError, match="exactly one"):
+        splice(readme + "\n<!-- features-table:end -->\n", "features", "X")

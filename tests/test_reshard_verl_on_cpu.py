@@ -248,8 +248,9 @@ def test_switch_values():
     assert on[hook.KWARG]["overlap"] is True and on[hook.KWARG]["bucket_bytes"] == 64 << 20
     with pytest.raises(NpuRlError, match="ALL_TO_ALL_RESHARD='maybe' is not a boolean"):
         hook.reshard_kwargs(_rollout_cfg(False), {"ALL_TO_ALL_RESHARD": "maybe"})
-    with pytest.raises(NpuRlError, match="not a number of MiB"):
-        hook.reshard_kwargs(_rollout_cfg(True), {"ALL_TO_ALL_RESHARD_BUCKET_MB": "lots"})
+    for bad in ("lots", "0", "-4", "nan"):
+        with pytest.raises(NpuRlError, match="not a positive number of MiB"):
+            hook.reshard_kwargs(_rollout_cfg(True), {"ALL_TO_ALL_RESHARD_BUCKET_MB": bad})
     assert is_expert_param("decoder.layers.0.mlp.experts.linear_fc2.weight3")
 
 

@@ -53,11 +53,11 @@ def splice(text: str, name: str, block: str) -> str:
     """Replace the lines between ``<!-- NAME-table:begin -->`` and ``<!-- NAME-table:end -->``.
 
     Raises:
-        KeyError: the marker pair is missing (the message names it).
+        KeyError: the marker pair is missing or doubled (the message names it).
     """
     begin, end = f"<!-- {name}-table:begin -->\n", f"\n<!-- {name}-table:end -->"
-    if begin not in text or end not in text.split(begin, 1)[1]:
-        raise KeyError(f"README.md has no '{begin.strip()}' ... '{end.strip()}' pair")
+    if text.count(begin) != 1 or text.count(end.strip()) != 1 or end not in text.split(begin, 1)[1]:
+        raise KeyError(f"README.md must hold exactly one '{begin.strip()}' ... '{end.strip()}' pair")
     head, rest = text.split(begin, 1)
     _old, tail = rest.split(end, 1)
     return f"{head}{begin}{block}{end}{tail}"

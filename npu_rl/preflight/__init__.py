@@ -117,6 +117,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     lengths = checks.check_lengths(cfg, model, report)
     checks.check_layout(cfg, lay, roll, model, npus_per_node, report)
     if any(f.env == "ALL_TO_ALL_RESHARD" for f in feats.on):
+        checks.check_reshard_settings(cfg, env, report)
         checks.check_reshard_layout(lay, roll, model, report)
     if any(f.env == "NPU_RL_RANDOM_INIT" for f in feats.on):
         checks.check_random_init(cfg, report)

@@ -334,6 +334,27 @@ def check_layout(cfg, lay: TrainLayout, roll: RolloutLayout, model: ModelFacts, 
             )
 
 
+def check_reshard_settings(cfg, env: Mapping[str, str], report: Report) -> None:
+    """The reshard's tuning variables parse as the weight sync will parse them, and the sync it hooks
+    (the colocated ``checkpoint_engine.backend=naive``) is the one the recipe uses."""
+    from npu_rl.errors import NpuRlError
+    from npu_rl.reshard.hook import BUCKET_MB, OVERLAP, reshard_settings
+
+    for key in (BUCKET_MB, OVERLAP):  # one at a time, so that both are reported
+        try:
+            reshard_settings({key: env[key]} if key in env else {})
+        except NpuRlError as e:
+            report.error(key, str(e))
+    backend = sel(cfg, f"{R}.checkpoint_engine.backend", "naive")
+    if str(backend) != "naive":
+        report.error(
+            "ALL_TO_ALL_RESHARD",
+            f"the reshard hooks the colocated weight sync (checkpoint_engine.backend=naive), but the recipe "
+            f"uses backend={backend}: it would never run",
+            f"set {R}.checkpoint_engine.backend=naive, or unset ALL_TO_ALL_RESHARD",
+        )
+
+
 def check_reshard_layout(lay: TrainLayout, roll: RolloutLayout, model: ModelFacts, report: Report) -> None:
     """The all-to-all-v reshard's planner accepts the train and rollout layouts (npu_rl.reshard.plan)."""
     from npu_rl.reshard import plan

@@ -151,6 +151,7 @@ def check_overrides(cli: Cli, report: Report) -> list[str]:
 
     alternates = _Alternates(cli, groups)
     kept = list(groups)
+    added: set[str] = set()  # keys an earlier override added with '+' (a recipe's, then the user's)
     for raw, o in parsed:
         key = o.key_or_group
         if raw in groups:
@@ -158,6 +159,16 @@ def check_overrides(cli: Cli, report: Report) -> list[str]:
         parts = key.split(".")
         depth, node = _walk(tree, parts)
         exists = depth == len(parts)
+        if not exists and key in added and not o.is_delete():
+            if o.is_add():  # Hydra: "Could not append to config. An item is already at ..."
+                report.error(
+                    key,
+                    f"'+{key}' adds a key an earlier override (the recipe's) already added",
+                    f"drop the '+' to change it: {key}={_value_text(raw)}",
+                )
+                raw = raw[1:]
+            kept.append(raw)
+            continue
         value = o.value() if not o.is_delete() else None
         if o.is_delete():
             if exists:
@@ -180,10 +191,18 @@ def check_overrides(cli: Cli, report: Report) -> list[str]:
             # reports whether this release carries it and the feature's combination rules still run.
             kept.append("++" + raw.lstrip("+"))
             cli.injected.append(key)
+            added.add(key)
+            continue
+        if freeform is None and _is_feature_env(key):
+            report.error(
+                key,
+                "is an environment variable of an npu-rl feature, not a config key",
+                f"export {key}={_value_text(raw)} in the ENV_SCRIPT (every node sources it before Ray starts)",
+            )
             continue
         if freeform is None:
             section = parent_path or "the root"
-            hint = _fix_unknown(tree, key, alternates)
+            hint = _speculative_hint(key) or _fix_unknown(tree, key, alternates)
             report.error(key, f"no such key in verl's config (under {section})", hint)
             continue
         schema, below = freeform
@@ -196,13 +215,14 @@ def check_overrides(cli: Cli, report: Report) -> list[str]:
                 f"write +{key}={_value_text(raw)}",
             )
             raw = "+" + raw
-        bad = None if _is_feature_switch(key) else check_freeform(schema, below, value)
+        bad = None if _switches_feature_on(key, value) else check_freeform(schema, below, value)
         if bad:
             msg, name, valid = bad
             close = difflib.get_close_matches(name, valid, n=3)
             report.error(key, msg, f"did you mean: {', '.join(close)}" if close else f"valid: {', '.join(valid[:20])}")
             continue
         kept.append(raw)
+        added.add(key)
     return kept
 
 
@@ -218,6 +238,36 @@ def _is_feature_switch(key: str) -> bool:
     from npu_rl.features import FEATURES
 
     return any(f.config and f.config[0] == key for f in FEATURES)
+
+
+def _speculative_hint(key: str) -> str | None:
+    """Short speculative-decoding names (the reference recipe's ``speculative_config.method=sam``,
+    ``num_speculative_tokens=3``) point to vLLM's engine kwargs, not to verl's MTP keys."""
+    from npu_rl.spec_decode.config import PREFIX
+
+    parts = key.split(".")
+    if "speculative_config" in parts:
+        tail = ".".join(parts[parts.index("speculative_config") + 1 :])
+    elif parts[-1] == "num_speculative_tokens" and "mtp" not in parts:
+        tail = "num_speculative_tokens"
+    else:
+        return None
+    return f"vLLM's speculative decoding is configured under {PREFIX}: write +{PREFIX}.{tail}=<value>"
+
+
+def _is_feature_env(key: str) -> bool:
+    """``key`` names a variable of the feature table (or one with its prefixes), e.g. ROLLOUT_REBALANCE_ENABLE."""
+    from npu_rl.features import OWN_PREFIXES, known_env
+
+    return key in known_env() or key.startswith(OWN_PREFIXES)
+
+
+def _switches_feature_on(key: str, value: object) -> bool:
+    """``key=value`` is a feature's own on-switch (e.g. speculative_config.method=sam): the feature table,
+    not the unpatched upstream's schema, judges it. Any other value is checked like every other key."""
+    from npu_rl.features import FEATURES
+
+    return any(f.config and f.config[0] == key and str(value).lower() == f.config[1].lower() for f in FEATURES)
 
 
 class _Alternates:

@@ -28,6 +28,13 @@ def check_sampler(cfg, env: Mapping[str, str], report: Report) -> None:
         key = str(e).split("=", 1)[0]
         report.error(key, str(e).split(": ", 1)[-1] if ": " in str(e) else str(e), "fix the value in the ENV_SCRIPT")
     rollout = str(sel(cfg, "actor_rollout_ref.rollout.name", "vllm"))
+    response = int(sel(cfg, "data.max_response_length", 0) or 0)
+    if guard is not None and response and guard.min_tokens >= response:
+        report.warn(
+            "VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS",
+            f"is {guard.min_tokens}, not below data.max_response_length ({response}): the guard can never cut",
+            f"set it below {response}, or unset VLLM_ROLLOUT_EARLY_STOP_ENABLE",
+        )
     if guard is not None and rollout != "vllm":
         report.error(
             "VLLM_ROLLOUT_EARLY_STOP_ENABLE",

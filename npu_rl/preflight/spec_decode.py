@@ -19,12 +19,7 @@ def check_spec_decode(cfg, env: Mapping[str, str], report: Report) -> str | None
     spec = sel(cfg, PREFIX, None)
     method = str(sel(cfg, f"{PREFIX}.method", "") or "")
     if method.lower() != "sam":
-        if env.get(ENV_ALIAS, "").strip():
-            report.warn(
-                ENV_ALIAS,
-                "is set but SAM speculative decoding is off: it has no effect",
-                f"switch SAM on with {PREFIX}.method=sam, or drop the variable",
-            )
+        # ENV_ALIAS set while SAM is off: warned by npu_rl.features.feature_state (every feature's params)
         for key in KEYS:
             if sel(cfg, f"{PREFIX}.{key}", None) is not None:
                 report.warn(f"{PREFIX}.{key}", f"only the SAM drafter reads it, but method is {method or 'unset'}")

@@ -72,12 +72,25 @@ def reshard_kwargs(rollout_config: Any, env: Mapping[str, str] | None = None) ->
         pp=int(_get(rollout_config, "pipeline_model_parallel_size", 1)),
         ep=int(_get(rollout_config, "expert_parallel_size", 1)),
     )
+    bucket, overlap = reshard_settings(env)
+    return {KWARG: {"rollout": layout, "bucket_bytes": bucket, "overlap": overlap}}
+
+
+def reshard_settings(env: Mapping[str, str]) -> tuple[int | None, bool]:
+    """(bucket size in bytes or None for the planner's default, overlap on?) from
+    ``ALL_TO_ALL_RESHARD_BUCKET_MB`` and ``USE_ALLTOALL_OVERLAP``; the preflight calls it too.
+
+    Raises:
+        NpuRlError: the bucket size is not a positive number of MiB, or the overlap flag not a boolean.
+    """
     raw = env.get(BUCKET_MB, "").strip()
     try:
-        bucket = int(float(raw) * (1 << 20)) if raw else None
+        mib = float(raw) if raw else None
     except ValueError:
-        raise NpuRlError(f"{BUCKET_MB}={raw!r} is not a number of MiB: e.g. {BUCKET_MB}=256, or unset it") from None
-    return {KWARG: {"rollout": layout, "bucket_bytes": bucket, "overlap": _flag(env, OVERLAP)}}
+        mib = float("nan")
+    if mib is not None and not mib > 0:  # also NaN
+        raise NpuRlError(f"{BUCKET_MB}={raw!r} is not a positive number of MiB: e.g. {BUCKET_MB}=256, or unset it")
+    return (int(mib * (1 << 20)) if mib is not None else None), _flag(env, OVERLAP)
 
 
 def _get(node: Any, key: str, default: Any) -> Any:

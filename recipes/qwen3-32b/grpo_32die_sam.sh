@@ -4,14 +4,14 @@
 # Each vLLM engine drafts k = 3 tokens from the longest suffix match in the response's own text or in
 # its group's finished responses (256 MiB group corpus per engine), only while its running batch is at
 # most 32 requests (the long tail); vLLM's rejection sampler verifies the drafts, so sampling and
-# log-probs are unchanged. The reference recipe's VLLM_SPECULATIVE_BATCH_SIZE_THRE, set in the ENV
-# script, is read as the gate when sam_batch_size_threshold is absent. See docs/spec_decode.md.
+# log-probs are unchanged. The gate is the default (32); change it with
+# VLLM_SPECULATIVE_BATCH_SIZE_THRE in the ENV script, or with +$S.sam_batch_size_threshold=N on the
+# launcher's command line. See docs/spec_decode.md.
 set -euo pipefail
 S=actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config
 SAM=(
     "+$S.method=sam"
     "+$S.num_speculative_tokens=3"
-    "+$S.sam_batch_size_threshold=32"
     "+$S.sam_group_corpus_mb=256"
     trainer.experiment_name=grpo-32die-sam
 )
