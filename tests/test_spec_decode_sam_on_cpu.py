@@ -6,13 +6,19 @@ import numpy as np
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is in constraints/cpu.txt: install_stack.sh --cpu")
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from npu_rl.spec_decode.corpus import GroupCorpus, SamDrafter, prompt_key  # noqa: E402
 from npu_rl.spec_decode.sam import (  # noqa: E402
+    C_GLEN,
     C_MATCH,
     C_SOURCE,
+    CE,
+    CH,
+    CS,
+    CT,
+    RESYNC_TOKENS,
     SOURCE_GROUP,
     SOURCE_OWN,
     SuffixAutomaton,
@@ -24,14 +30,26 @@ from npu_rl.spec_decode.sam import (  # noqa: E402
 # small alphabets make long repeats (the interesting case); chunks exercise multi-token catch-up
 texts = st.lists(st.integers(0, 3), min_size=1, max_size=80)
 chunked = st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=5), min_size=1, max_size=25)
+# found by a stress run: appending the second 2 needs 129 edges (the state of "... 1 2" gets its edge
+# on 2, then its clone copies it); the capacity check counted 128 = capacity, so the extension wrote
+# one edge past the edge arrays and the automaton lost the match of the final 1
+OVERFLOW_PROMPT = [1, *[0] * 29, 1, *[0] * 8, 1, 0, 0, 0, 1, 0, 0, 0, 0, 1]
+
+
+def assert_within_arena(sam: SuffixAutomaton) -> None:
+    """The counters never pass the capacities the arena was laid out for (the hash at most half full)."""
+    m = sam.meta
+    assert len(sam) <= m[CT] and sam.num_states <= m[CS] and sam.num_edges <= m[CE] and 2 * sam.num_edges <= m[CH]
 
 
 @settings(max_examples=150, deadline=None)
 @given(texts, st.sampled_from(["recent", "first"]))
+@example(text=[*OVERFLOW_PROMPT, 2, 2, 1], occurrence="recent")
 def test_longest_repeated_suffix_matches_the_oracle_after_every_append(text, occurrence):
     sam = SuffixAutomaton(capacity=1, occurrence=occurrence)  # tiny: every growth path runs
     for i, tok in enumerate(text):
         sam.append([tok])
+        assert_within_arena(sam)
         length, ends = longest_suffix_match_bruteforce(text[: i + 1])
         got_len, pos = sam.suffix_match()
         assert got_len == length
@@ -73,27 +91,40 @@ def test_recent_occurrence_is_the_latest_on_a_real_pattern():
     assert recent.suffix_match() == (3, 9) and first.suffix_match() == (3, 5)
 
 
+responses = st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=12), max_size=4)
+joins = st.lists(st.booleans(), max_size=25)  # joins[i]: a pending response joins the group before chunk i
+# a request's prompt, appended before its first step (as SamDrafter.start does): with it the text
+# crosses the own arena's first doublings (64 tokens, 128 states and edges) inside the steps
+prompts = st.lists(st.integers(0, 4), max_size=120)
+# found by a random CI run: after the last chunk's first two tokens the own arena (128 edges) had no
+# room for the third's, the step grew it and retried with the third token only, and the group match
+# skipped the two, claiming "0 0" (2) where the text ends "1 0" (longest match 1)
+CI_CHUNKS = [[0, 0, 0, 0], [1, 0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], *[[0] * 5] * 5, [0, 0, 2, 0], [0, 1, 0]]
+
+
 @settings(max_examples=100, deadline=None)
-@given(chunked, st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=12), max_size=4), st.data())
-def test_group_match_is_exact_while_the_group_automaton_grows(chunks, responses, data):
+@given(prompts, chunked, responses, joins)
+@example(prompt=[], chunks=CI_CHUNKS, responses=[[0, 0]], joins=[True])
+def test_group_match_is_exact_while_the_group_automaton_grows(prompt, chunks, responses, joins):
     """The running match against a growing corpus never overstates and, after a resync, is the longest."""
     group = SuffixAutomaton(capacity=1)
     ctl = new_ctl(3, group=True)
     own = SuffixAutomaton(capacity=1)
-    seen: list[int] = []
+    own.append(prompt)
+    seen: list[int] = list(prompt)
     corpus: list[int] = []
     pending = list(responses)
     out = np.empty(3, np.int32)
-    for chunk in chunks:
-        if pending and data.draw(st.booleans()):
+    for i, chunk in enumerate(chunks):
+        if pending and i < len(joins) and joins[i]:
             resp = pending.pop()
             group.append([-len(corpus) - 1, *resp])  # unique separator, as GroupCorpus writes
             corpus += [-len(corpus) - 1, *resp]
         seen += chunk
         n = own.step(np.array(chunk, np.int32), out, ctl, group)
         best = longest_match_in_bruteforce(seen, corpus)
-        glen = int(ctl[1])
-        if len(seen) <= 256:  # the resync window covers the whole text: exact
+        glen = int(ctl[C_GLEN])
+        if len(seen) <= RESYNC_TOKENS:  # the resync window covers the whole text: exact
             assert glen == best
         assert glen <= best
         own_len = own.suffix_match()[0]
@@ -106,6 +137,38 @@ def test_group_match_is_exact_while_the_group_automaton_grows(chunks, responses,
                 assert out[:n].tolist() == group.continuation(pos, n).tolist()
             else:
                 assert src == SOURCE_OWN and own_len >= glen
+
+
+@settings(max_examples=100, deadline=None)
+@given(prompts, chunked, responses, joins, st.integers(1, 4))
+@example(prompt=[], chunks=CI_CHUNKS, responses=[[0, 0]], joins=[True], k=3)
+@example(prompt=OVERFLOW_PROMPT, chunks=[[2, 2, 1]], responses=[], joins=[], k=1)
+def test_a_step_does_not_depend_on_when_the_own_arena_grows(prompt, chunks, responses, joins, k):
+    """Same tokens, same group: a tiny own arena (grows inside multi-token steps) drafts exactly as a
+    roomy one (never grows) after every step: same draft, source, match and group match state."""
+    group = SuffixAutomaton(capacity=1)
+    tiny, roomy = SuffixAutomaton(capacity=1), SuffixAutomaton(capacity=4096)
+    tiny.append(prompt)
+    roomy.append(prompt)
+    ctl_tiny, ctl_roomy = new_ctl(k, group=True), new_ctl(k, group=True)
+    out_tiny, out_roomy = np.empty(k, np.int32), np.empty(k, np.int32)
+    pending = list(responses)
+    grew = 0
+    for i, chunk in enumerate(chunks):
+        if pending and i < len(joins) and joins[i]:
+            group.append([-1 - i, *pending.pop()])
+        new = np.array(chunk, np.int32)
+        cap = tiny.nbytes
+        n_tiny = tiny.step(new, out_tiny, ctl_tiny, group)
+        grew += tiny.nbytes != cap
+        n_roomy = roomy.step(new, out_roomy, ctl_roomy, group)
+        assert_within_arena(tiny)
+        assert_within_arena(group)
+        assert out_tiny[:n_tiny].tolist() == out_roomy[:n_roomy].tolist()
+        assert ctl_tiny.tolist() == ctl_roomy.tolist()
+    assert roomy.nbytes == SuffixAutomaton(capacity=4096).nbytes  # the reference never grew
+    if len(prompt) <= 64 < len(prompt) + sum(map(len, chunks)):
+        assert grew  # and the tiny one did, inside the steps
 
 
 def test_bytes_per_token_and_free():

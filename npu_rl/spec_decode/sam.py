@@ -136,6 +136,14 @@ def _extend(new, a, m):
                 while eq >= 0:
                     add_edges += 1
                     eq = a[onx + eq]
+                # q on the walk (e.g. q == last after "c c") gets its edge on c before the clone
+                # copies q's edges: the clone copies that edge too
+                s = last
+                while s != p:
+                    if s == q:
+                        add_edges += 1
+                        break
+                    s = a[olk + s]
         if (
             n_text + 1 > m[CT]
             or n_states + 2 > m[CS]
@@ -260,15 +268,18 @@ def _step(new, a, m, out, ga, gm, ctl):
     """One decode step: append ``new`` to the own automaton (a, m), advance the group match, draft.
 
     Returns the draft length written to ``out`` (0 when no match of ``ctl[C_MIN]`` tokens), or -1 when
-    the own arena must grow first (``m[DONE]`` tokens were appended). ``ctl[C_SOURCE]`` and
-    ``ctl[C_MATCH]`` say which text the draft came from and the match length. When the group
-    automaton grew since the last step (its generation changed), the group match is redone over the
-    last :data:`RESYNC_TOKENS` tokens (a longer match may exist now) unless it is already longer.
+    the own arena must grow first (``m[DONE]`` tokens were appended; the caller grows it and calls
+    again with the rest of ``new``). ``ctl[C_SOURCE]`` and ``ctl[C_MATCH]`` say which text the draft
+    came from and the match length. When the group automaton grew since the last step (its
+    generation changed), the group match is redone over the last :data:`RESYNC_TOKENS` tokens (a
+    longer match may exist now) unless it is already longer.
+
+    The group match is advanced over exactly the tokens appended by this call, also when it returns
+    -1: the tokens appended before the arena filled up are not in the rest of ``new`` that the retry
+    passes, and a match that skipped them could claim a string that is not a suffix of the text.
     """
     n_before = m[N_TEXT]
     _extend(new, a, m)
-    if m[DONE] < new.shape[0]:
-        return -1
     use_group = ctl[C_GROUP] != 0
     if use_group:
         if gm[GEN] != ctl[C_GGEN]:
@@ -277,7 +288,9 @@ def _step(new, a, m, out, ga, gm, ctl):
                 ctl[C_GSTATE] = 0
                 ctl[C_GLEN] = 0
                 _advance(a[max(0, n_before - RESYNC_TOKENS) : n_before], ga, gm, ctl)
-        _advance(new, ga, gm, ctl)
+        _advance(a[n_before : m[N_TEXT]], ga, gm, ctl)
+    if m[DONE] < new.shape[0]:
+        return -1
     n = m[N_TEXT]
     own_len = 0
     if n > 0:
@@ -524,9 +537,12 @@ def longest_suffix_match_bruteforce(text) -> tuple[int, list[int]]:
 
 
 def longest_match_in_bruteforce(text, corpus) -> int:
-    """Oracle for tests: length of the longest suffix of ``text`` that occurs in ``corpus`` (O(n^3))."""
+    """Oracle for tests: length of the longest suffix of ``text`` that occurs in ``corpus``.
+
+    O(min(len(text), len(corpus))^2 * len(corpus)) per call: no match is longer than the corpus.
+    """
     t, c = list(text), list(corpus)
-    for L in range(len(t), 0, -1):
+    for L in range(min(len(t), len(c)), 0, -1):
         suf = t[len(t) - L :]
         if any(c[i : i + L] == suf for i in range(len(c) - L + 1)):
             return L
