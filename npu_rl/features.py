@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from npu_rl import REPO_ROOT
+from npu_rl.rebalance import settings as _rebalance
 
 TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off", ""}
@@ -97,19 +98,8 @@ FEATURES: tuple[Feature, ...] = (
         "rollout rebalance",
         "pull-based, longest-predicted-first dispatch of rollout requests across replicas",
         8,
-        env="ROLLOUT_REBALANCE_ENABLE",
-        params=(
-            "ROLLOUT_REBALANCE_ORDER",
-            "ROLLOUT_REBALANCE_PREDICT",
-            "ROLLOUT_REBALANCE_KEEP_GROUPS",
-            "ROLLOUT_REBALANCE_DP_RANKS",
-            "ROLLOUT_REBALANCE_MAX_INFLIGHT",
-            "ROLLOUT_REBALANCE_GATHER_S",
-            "ROLLOUT_REBALANCE_EMA_DECAY",
-            "ROLLOUT_REBALANCE_PRIOR_LEN",
-            "ROLLOUT_REBALANCE_MAX_ATTEMPTS",
-            "ROLLOUT_REBALANCE_METRICS_FILE",
-        ),
+        env=_rebalance.SWITCH,
+        params=_rebalance.PARAMS,
         patches=("verl/0008-verl-feature-rollout-rebalance.patch",),
     ),
     Feature(
