@@ -156,6 +156,22 @@ def env_flag(env: Mapping[str, str], key: str) -> bool | None:
     return None
 
 
+def require_flag(env: Mapping[str, str], key: str, default: bool = False) -> bool:
+    """``env[key]`` as a boolean (``default`` when unset), for the code a switch turns on.
+
+    Raises:
+        NpuRlError: the value is not a boolean word (1/0, true/false, yes/no, on/off); names the variable.
+    """
+    from npu_rl.errors import NpuRlError
+
+    if key not in env:
+        return default
+    flag = env_flag(env, key)
+    if flag is None:
+        raise NpuRlError(f"{key}={env[key]!r} is not a boolean: set {key}=1 or {key}=0")
+    return flag
+
+
 @dataclass
 class FeatureState:
     """Which features a recipe switches on, and the problems with its switches."""

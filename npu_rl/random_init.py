@@ -12,8 +12,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from npu_rl.errors import NpuRlError
-
 SWITCH = "NPU_RL_RANDOM_INIT"
 
 
@@ -23,10 +21,6 @@ def random_init_enabled(env: Mapping[str, str] | None = None) -> bool:
     Raises:
         NpuRlError: the value is not a boolean word (1/0, true/false, yes/no, on/off).
     """
-    from npu_rl.features import env_flag
+    from npu_rl.features import require_flag
 
-    env = os.environ if env is None else env
-    flag = env_flag(env, SWITCH)
-    if flag is None:
-        raise NpuRlError(f"{SWITCH}={env[SWITCH]!r} is not a boolean: set {SWITCH}=1 or {SWITCH}=0")
-    return flag
+    return require_flag(os.environ if env is None else env, SWITCH)

@@ -175,13 +175,10 @@ def from_env(env: Mapping[str, str] | None = None) -> RolloutProgress | None:
     Raises:
         NpuRlError: a non-boolean switch or a bad interval (names the variable).
     """
-    from npu_rl.features import env_flag
+    from npu_rl.features import require_flag
 
     env = os.environ if env is None else env
-    flag = env_flag(env, SWITCH)
-    if flag is None:
-        raise NpuRlError(f"{SWITCH}={env[SWITCH]!r} is not a boolean: set {SWITCH}=1 or {SWITCH}=0")
-    if not flag:
+    if not require_flag(env, SWITCH):
         return None
     raw = env.get(INTERVAL, "").strip()
     try:

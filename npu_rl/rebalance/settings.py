@@ -71,14 +71,9 @@ class RebalanceSettings:
 
 
 def _flag(env: Mapping[str, str], key: str, default: bool) -> bool:
-    from npu_rl.features import env_flag
+    from npu_rl.features import require_flag
 
-    if key not in env:
-        return default
-    v = env_flag(env, key)
-    if v is None:
-        raise NpuRlError(f"{key}={env[key]!r} is not a boolean: set {key}=1 or {key}=0")
-    return v
+    return require_flag(env, key, default)
 
 
 def _number(env: Mapping[str, str], key: str, default: float, kind: type, low: float) -> float:

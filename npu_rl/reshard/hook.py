@@ -39,12 +39,9 @@ KWARG = "npu_rl_reshard"
 
 
 def _flag(env: Mapping[str, str], key: str) -> bool:
-    from npu_rl.features import env_flag
+    from npu_rl.features import require_flag
 
-    flag = env_flag(env, key)
-    if flag is None:
-        raise NpuRlError(f"{key}={env[key]!r} is not a boolean: set {key}=1 or {key}=0")
-    return flag
+    return require_flag(env, key)
 
 
 def reshard_enabled(config_value: Any = False, env: Mapping[str, str] | None = None) -> bool:
