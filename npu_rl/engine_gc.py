@@ -79,6 +79,8 @@ class StepGC:
     young: int = 0
     full: int = 0
     collect_s: list[float] = field(default_factory=list)
+    report: Callable[[str], None] | None = None
+    report_every: int = 16
     _since: int = 0
     _blocks_after_full: int | None = None
 
@@ -124,6 +126,16 @@ class StepGC:
             self._blocks_after_full = self.blocks()
         self._since = 0
         self.collect_s.append(self.clock() - t0)
+        if self.report is not None and self.young % self.report_every == 0:
+            self.report(self.summary())
+
+    def summary(self) -> str:
+        """One line: steps guarded, collections run and the longest one (what the step waited for)."""
+        longest = max(self.collect_s, default=0.0) * 1e3
+        return (
+            f"engine GC: {self.steps} steps, {self.young} young + {self.full} full collections at step "
+            f"boundaries, longest {longest:.1f} ms"
+        )
 
 
 _GUARD: contextlib.AbstractContextManager | None = None
@@ -167,4 +179,16 @@ def engine_step_gc() -> contextlib.AbstractContextManager:
     global _GUARD
     if _GUARD is None:
         _GUARD = from_env()
+        if isinstance(_GUARD, StepGC):
+            # No silent no-op: the engine core's log says the guard is on, then how it collects.
+            _GUARD.report = _print_report
+            _print_report(
+                f"engine GC guard on ({SWITCH}=1): automatic GC off inside engine steps; collections every "
+                f"{_GUARD.every} steps or past {_GUARD.max_gen0} young objects, "
+                f"full past +{_GUARD.full_growth:.0%} heap"
+            )
     return _GUARD
+
+
+def _print_report(line: str) -> None:
+    print(f"[npu-rl] {line} (pid {os.getpid()})", file=sys.stderr, flush=True)

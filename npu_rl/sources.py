@@ -26,7 +26,7 @@ from pathlib import Path
 from npu_rl import REPO_ROOT
 from npu_rl.errors import DigestError, LockError, NpuRlError, SourceError, SourceUnreachable, TreeStateError
 from npu_rl.gittree import IDENTITY_TRAILER, SOURCE_TRAILER, Tree, git, git_error_text, gitpython, init_baseline
-from npu_rl.lock import Lock, Upstream, load_lock
+from npu_rl.lock import Artifact, Lock, Upstream, load_lock
 from npu_rl.table import format_table
 
 CHUNK = 1 << 20
@@ -110,7 +110,7 @@ class Downloader:
                 self._client.s.verify = cert
         return self._client
 
-    def fetch(self, up: Upstream) -> tuple[Path, str]:
+    def fetch(self, up: Upstream | Artifact) -> tuple[Path, str]:
         """Return the verified archive of ``up`` in the cache and how it got there.
 
         States: ``cached`` (present and verified), ``downloaded``, ``re-downloaded`` (a cached
@@ -154,7 +154,7 @@ class Downloader:
     def _index_label(self) -> str:
         return self.index_url or "the default package index"
 
-    def _download(self, up: Upstream, dest: Path) -> None:
+    def _download(self, up: Upstream | Artifact, dest: Path) -> None:
         import requests
 
         client = self._pypi()
@@ -315,14 +315,40 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="never contact git hosts: upstreams without an index archive are SKIPPED (CI)",
     )
+    p.add_argument(
+        "--artifact",
+        metavar="NAME",
+        help="only fetch and verify the locked artifact NAME into the cache and print its path (install_stack.sh)",
+    )
     p.add_argument("--lock", type=Path, default=None, help=argparse.SUPPRESS)
     return p
 
 
-def process(up: Upstream, how: str, dest: Path, downloader: Downloader, force: bool, no_git: bool = False) -> Outcome:
-    """Bring one upstream to its locked baseline; return its summary row."""
+def _print_artifact(lock: Lock, name: str) -> int:
+    """``--artifact NAME``: fetch (or find in the cache) and verify one artifact; print its path."""
+    art = lock.artifact(name)
+    try:
+        path, how = Downloader(cache_dir(), log=lambda m: print(m, file=sys.stderr)).fetch(art)
+    except NpuRlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    print(f"{art.name}: {art.pypi.filename} {how} (sha256 {art.pypi.sha256[:12]}... verified)", file=sys.stderr)
+    print(path)
+    return 0
+
+
+def process(
+    up: Upstream | Artifact, how: str, dest: Path, downloader: Downloader, force: bool, no_git: bool = False
+) -> Outcome:
+    """Bring one upstream to its locked baseline (an artifact: into the verified cache); return its
+    summary row."""
     out = Outcome(up.name, up.version)
     started = time.monotonic()
+    if isinstance(up, Artifact):
+        _, how_got = downloader.fetch(up)
+        out.source, out.sha, out.state = "pypi", up.pypi.sha256[:12], f"{how_got} (artifact, cache only)"
+        out.seconds = time.monotonic() - started
+        return out
     state = tree_state(up, dest)
     source = ("pypi" if up.pypi else "git") if how == "auto" else how
     out.source = source
@@ -354,8 +380,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         lock: Lock = load_lock(args.lock)
-        names = args.only or list(lock.upstreams)
-        ups = [lock.get(n) for n in names]
+        if args.artifact:
+            return _print_artifact(lock, args.artifact)
+        names = args.only or list(lock.upstreams) + list(lock.artifacts)
+        ups = [lock.artifact(n) if n in lock.artifacts else lock.get(n) for n in names]
     except LockError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -195,3 +195,32 @@ def test_a_real_run_on_a_machine_without_npus_is_refused(job):
     env = {k: v for k, v in env.items() if k != "NPU_RL_ALLOW_NO_NPU"}
     r = _launch(env, str(RECIPE))
     assert r.returncode == 78 and "this node has no NPU" in r.stdout and "--dry-run" in r.stdout
+
+
+CPU_RECIPE = REPO_ROOT / "recipes" / "qwen3-tiny" / "grpo_cpu.sh"
+CPU_ENV = REPO_ROOT / "recipes" / "qwen3-tiny" / "env_cpu.sh"
+
+
+def test_cpu_env_script_on_a_machine_with_npus_is_refused(job, tmp_path):
+    env, _ = job
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    smi = fake / "npu-smi"  # what npu-smi info -m prints on a node with two dies
+    smi.write_text(
+        "#!/bin/sh\necho 'NPU ID Chip ID Chip Logic ID Chip Name'\necho '0 0 0 Ascend'\necho '0 1 1 Ascend'\n"
+    )
+    smi.chmod(0o755)
+    env = {k: v for k, v in env.items() if k not in ("NPU_RL_ALLOW_NO_NPU", "NPUS_PER_NODE")}
+    env["PATH"] = f"{fake}:{env['PATH']}"
+    r = _launch(env, str(CPU_RECIPE), str(CPU_ENV))
+    assert r.returncode == 78, r.stdout[-2000:]
+    assert "VERL_PLATFORM=cpu" in r.stdout and "node with NPUs" in r.stdout
+    assert "starting the Ray head" not in r.stdout
+
+
+def test_cpu_recipe_with_an_npu_env_script_is_refused(job):
+    env, _ = job
+    r = _launch(env, "--dry-run", str(CPU_RECIPE), str(REPO_ROOT / "recipes" / "qwen3-0.6b" / "env_1node.sh"))
+    assert r.returncode == 65, r.stdout[-2000:]
+    assert "runs on verl's CPU platform only" in r.stdout
+    assert "recipes/qwen3-tiny/env_cpu.sh" in r.stdout

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (README, third line; .ci/run calls it after the set-up):
-# our pytest suite, ruff, shellcheck on every *.sh, hadolint on docker/, and the upstream
-# projects' own CPU tests that cover the files our patches touch, run in the patched trees.
+# our pytest suite, the CPU main job (a real GRPO run, recipes/qwen3-tiny, checked by npu_rl.e2e),
+# the upstream projects' own CPU tests that cover the files our patches touch, run in the patched
+# trees, ruff, shellcheck on every *.sh, and hadolint on docker/.
 # Needs the set-up of the README's first line (sources downloaded and patched, .venv installed).
 #   bash tools/run_tests.sh [PYTEST_ARGS...]
 set -euo pipefail
@@ -69,9 +70,34 @@ tests::upstream() {
     common::log "upstream tests: $count path(s) in ${#per_tree[@]} tree(s)"
 }
 
+tests::main_job() {
+    # The project's main check: a real GRPO run on CPU through the launcher (README, "main job"
+    # line), then the run's evidence (npu_rl.e2e: steps, finite losses, rewards, weight sync, every
+    # switched-on feature). A failure prints the tail of the run's train.log.
+    local logs budget="${NPU_RL_MAIN_JOB_TIMEOUT:-900}" rc=0 run_dir
+    logs="$(mktemp -d "${TMPDIR:-/tmp}/npu-rl-main-job.XXXXXX")"
+    common::log "CPU main job (budget ${budget} s; logs in $logs)"
+    (cd "$NPU_RL_ROOT" && LOG_DIR="$logs" timeout --signal=TERM --kill-after=60 "$budget" \
+        bash ray_start_npu.sh recipes/qwen3-tiny/grpo_cpu.sh recipes/qwen3-tiny/env_cpu.sh </dev/null) || rc=$?
+    run_dir="$(find "$logs" -mindepth 1 -maxdepth 1 -type d | sort | tail -n 1)"
+    if ((rc == 0)) && [[ -n "$run_dir" ]]; then
+        (cd "$NPU_RL_ROOT" && "$PY" -m npu_rl.e2e check "$run_dir" --min-steps 4 \
+            --require "length-aware resampler" "long-tail guard" "rollout rebalance" "rollout progress" "engine GC") || rc=$?
+    fi
+    if ((rc != 0)); then
+        ((rc == 124)) && common::log "the main job ran past its ${budget} s budget"
+        if [[ -n "$run_dir" && -f "$run_dir/train.log" ]]; then
+            common::log "last 150 lines of $run_dir/train.log:"
+            tail -n 150 "$run_dir/train.log" >&2
+        fi
+        common::die "CPU main job failed (exit $rc); run directory: ${run_dir:-none}"
+    fi
+}
+
 main() {
     local started=$SECONDS
     tests::stage "pytest (npu_rl)" tests::pytest "$@"
+    tests::stage "CPU main job (GRPO through ray_start_npu.sh)" tests::main_job
     tests::stage "upstream CPU tests on the patched trees" tests::upstream
     tests::stage "ruff" tests::ruff
     tests::stage "shellcheck" tests::shellcheck

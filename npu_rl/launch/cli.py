@@ -126,7 +126,14 @@ class Launcher:
     # -- setup ----------------------------------------------------------------------------------------
     def resolve(self, dry_run: bool = False) -> Topology:
         topo = resolve_topology(self.env, dry_run=dry_run)
-        if not dry_run and not topo.devices_found and self.env.get("NPU_RL_ALLOW_NO_NPU") != "1":
+        cpu_platform = self.env.get("VERL_PLATFORM", "").strip().lower() == "cpu"
+        if cpu_platform and topo.devices_found:
+            # The CPU platform is for machines without NPUs (development, CI); never pick it here.
+            raise TopologyError(
+                "VERL_PLATFORM=cpu (a CPU env script such as recipes/qwen3-tiny/env_cpu.sh) on a node with NPUs "
+                f"({topo.npus_source}): use the recipe's NPU env script instead"
+            )
+        if not dry_run and not cpu_platform and not topo.devices_found and self.env.get("NPU_RL_ALLOW_NO_NPU") != "1":
             # verl would fall back to another device type and hang instead of failing.
             raise TopologyError(
                 "this node has no NPU (no /dev/davinci<N>, no npu-smi): a real run cannot train here. Check a recipe "

@@ -200,6 +200,19 @@ def check_overrides(cli: Cli, report: Report) -> list[str]:
                 f"export {key}={_value_text(raw)} in the ENV_SCRIPT (every node sources it before Ray starts)",
             )
             continue
+        if freeform is None and depth == len(parts) - 1 and _dataclass_has_field(node, parts[-1]):
+            # verl's yaml leaves out some fields its dataclass reads (rollout.enable_sleep_mode):
+            # the dataclass is the judge, and Hydra needs a '+' to add the key to the yaml.
+            if o.is_add() or o.is_force_add():
+                kept.append(raw)
+                added.add(key)
+            else:
+                report.error(
+                    key,
+                    f"{node['_target_']} reads this field but verl's yaml does not list it",
+                    f"write +{key}={_value_text(raw)}",
+                )
+            continue
         if freeform is None:
             section = parent_path or "the root"
             hint = _speculative_hint(key) or _fix_unknown(tree, key, alternates)
@@ -305,6 +318,22 @@ class _Alternates:
                 mean = "" if found == key else f"; did you mean {found}?"
                 return f"this key exists with model_engine={engine} (the recipe's engine differs){mean}"
         return None
+
+
+def _dataclass_has_field(node: Any, name: str) -> bool:
+    """Whether the config section ``node`` builds a dataclass (``_target_``) that has a field ``name``."""
+    import dataclasses
+    import importlib
+
+    target = node.get("_target_") if isinstance(node, dict) else None
+    if not isinstance(target, str) or "." not in target:
+        return False
+    module, _, attr = target.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError):
+        return False
+    return dataclasses.is_dataclass(cls) and any(f.name == name for f in dataclasses.fields(cls))
 
 
 def _freeform_schema(tree: dict, parts: list[str], depth: int, add: bool = False) -> tuple[str, list[str]] | None:

@@ -17,6 +17,7 @@ is per process (the trainer driver builds the sampler): other Ray actors do not 
 from __future__ import annotations
 
 import logging
+import sys
 import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -143,16 +144,13 @@ class LengthAwareEpochSampler(torch.utils.data.Sampler[int]):
         if self._resume and self._order is not None:
             self._resume = False
         else:
-            self._order, tail = epoch_order(self.table.predictions(), self.params, self.seed, self.epoch)
+            predicted = self.table.predictions()
+            self._order, tail = epoch_order(predicted, self.params, self.seed, self.epoch)
             self.epoch += 1
             self._yielded = 0
             self._in_progress = True
-            logger.info(
-                "length-aware sampler: epoch %d ordered (%d prompts, %d in the tail batch)",
-                self.epoch - 1,
-                self.num_prompts,
-                tail,
-            )
+            # No silent no-op: the trainer's log shows each epoch's order and the predictions behind it.
+            print(epoch_line(self.epoch - 1, self._order, predicted, tail, self.params), file=sys.stderr, flush=True)
         order = self._order
         while self._yielded < len(order):
             index = int(order[self._yielded])
@@ -224,6 +222,36 @@ class LengthAwareEpochSampler(torch.utils.data.Sampler[int]):
         metrics["sampler/table_coverage"] = float((self.table.count > 0).mean()) if self.num_prompts else 0.0
         self._steps_seen += 1
         return metrics
+
+
+def epoch_line(epoch: int, order: np.ndarray, predicted: np.ndarray, tail: int, params: OrderParams) -> str:
+    """The log line of one epoch's order: dataset positions in sampling order and each one's
+    predicted response length (tokens, ``-`` when unknown), e.g.
+    ``[npu-rl] length-aware sampler: epoch 1 (20 prompts, batch 10, bucket 8 tok, tail 0): order 3,7,...
+    predicted 12,15,...``. :func:`parse_epoch_lines` reads it back."""
+    preds = ",".join("-" if not np.isfinite(predicted[i]) else str(int(round(predicted[i]))) for i in order)
+    return (
+        f"[npu-rl] length-aware sampler: epoch {epoch} ({len(order)} prompts, batch {params.batch_size}, "
+        f"bucket {params.bucket_size} tok, tail {tail}): order {','.join(str(int(i)) for i in order)} "
+        f"predicted {preds}"
+    )
+
+
+def parse_epoch_lines(text: str) -> dict[int, tuple[list[int], list[float], int, int]]:
+    """{epoch: (order, predicted, batch, bucket)} from the :func:`epoch_line` lines in a log
+    (NaN where the prediction was unknown; a later line for the same epoch wins)."""
+    import re
+
+    out = {}
+    pattern = (
+        r"length-aware sampler: epoch (\d+) \(\d+ prompts, batch (\d+), bucket (\d+) tok, tail \d+\): "
+        r"order ([\d,]+) predicted ([\d,\-]+)"
+    )
+    for m in re.finditer(pattern, text):
+        order = [int(x) for x in m.group(4).split(",")]
+        pred = [float("nan") if x == "-" else float(x) for x in m.group(5).split(",")]
+        out[int(m.group(1))] = (order, pred, int(m.group(2)), int(m.group(3)))
+    return out
 
 
 # ---- verl glue (called from the patched verl; kept here so the patch is a hook only) --------------

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -187,7 +188,11 @@ class ServerGuard:
             if self.step is not None:
                 self.last_metrics = self.guard.new_step()
                 if self.last_metrics.get("guard/cut_count"):
-                    logger.warning("long-tail guard, step %s: %s", self.step, self.last_metrics)
+                    # print, not logging: the server actor's root logger may have no handler, and a
+                    # guard that cuts must say so in the run's log
+                    print(
+                        f"[npu-rl] long-tail guard, step {self.step}: {self.last_metrics}", file=sys.stderr, flush=True
+                    )
             self.step = step
         self.guard.start(request_id)
 

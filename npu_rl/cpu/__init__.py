@@ -1,0 +1,31 @@
+"""A CPU platform for verl, for development and the CPU main job (``recipes/qwen3-tiny``).
+
+verl 0.9 selects its device backend through ``verl.plugin.platform`` (a registry of
+``PlatformBase`` subclasses; ``VERL_PLATFORM=<name>`` forces one, external modules register more
+through ``VERL_USE_EXTERNAL_MODULES``). :mod:`npu_rl.cpu.platform` registers ``cpu``: gloo
+collectives, the FSDP engines, a device module with the memory queries verl makes, shared-memory
+weight transfer (no IPC). It is never auto-detected, and refuses to start on a machine that has
+NPUs (``/dev/davinci<N>`` or an importable ``torch_npu``): there the NPU platform is the only
+right answer.
+
+The recipe's env script (``recipes/qwen3-tiny/env_cpu.sh``) turns it on with
+``VERL_USE_EXTERNAL_MODULES=npu_rl.cpu.platform`` and ``VERL_PLATFORM=cpu``.
+"""
+
+PLATFORM_NAME = "cpu"
+
+
+def keep_cpu_linear_weights() -> bool:
+    """Whether vLLM's CPU backend must keep each linear layer's weight after packing it for oneDNN.
+
+    vLLM 0.23 on CPU (``UnquantizedLinearMethod.process_weights_after_loading``) packs the weight
+    into a oneDNN handle and replaces the parameter with an empty one, so a second
+    ``load_weights`` (verl's weight sync after every step) fails with "Attempted to load weight
+    ... into parameter (torch.Size([0]))". Under verl's CPU platform (``VERL_PLATFORM=cpu``, set by
+    the CPU env script and inherited by the vLLM server and its workers) the weight is kept; verl
+    runs ``process_weights_after_loading`` after each sync, which packs the new weights again.
+    Costs one extra copy of the linear weights in host memory. Called by vllm patch 0003.
+    """
+    import os
+
+    return os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM_NAME

@@ -1,0 +1,272 @@
+"""Evidence of a training run, read from its run directory: did every step, the weight sync and each
+switched-on feature really happen? (``python -m npu_rl.e2e check RUN_DIR``)
+
+The launcher writes ``RUN_DIR/train.log`` (the recipe's output: verl's console metrics, one
+``step:N - key:value - ...`` line per step, and what verl's Ray actors print) and ``RUN_DIR/env.txt``
+(the node environment the run started with). This module parses both and checks, for any recipe:
+
+- the run trained at least ``--min-steps`` steps, every loss is finite and the reward was computed;
+- the weights reached the rollout: verl's rollout-vs-actor metrics (``rollout_corr/*``, computed on
+  the same trajectories from vLLM's sampling log-probabilities and the actor's recompute) stay far
+  below what a rollout one update behind would show (the next section says why);
+- every feature switched on in ``env.txt`` or in the recipe's overrides left its trace (a metric or
+  a log line); a feature that is on and silent is a failure, not a skip.
+
+Why the weight-sync rule works: verl starts the rollout from ``load_format=dummy`` (random values in
+[-1e-3, 1e-3]: almost uniform next-token distributions), so step 1's rollout-vs-actor KL is near
+zero only if the first sync delivered the actor's weights; after that the actor changes every step,
+and a rollout left one update behind would show a KL of the order of the policy's movement per
+update, which verl measures as ``actor/ppo_kl`` on the second and later mini-batches of a step. The
+rule is ``rollout_corr/kl <= max(--kl-abs, --kl-ratio * movement)`` at every step, with the movement
+taken as the largest ``actor/ppo_kl`` of the run (see docs/e2e.md for the measured values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_STEP = re.compile(r"(?:^|\s)step:(\d+) - (.*)$")
+_NUMBER = re.compile(r"^(?:np\.\w+\()?(-?[0-9.eE+-]+|nan|inf|-inf)\)?$")
+
+
+def parse_metrics(lines: Iterable[str]) -> dict[int, dict[str, float]]:
+    """verl's console lines ``step:N - key:value - ...`` -> {N: {key: value}} (later lines win).
+
+    Values verl prints as ``np.float64(2.0)`` are unwrapped; non-numeric values are skipped.
+    """
+    steps: dict[int, dict[str, float]] = {}
+    for raw in lines:
+        m = _STEP.search(_ANSI.sub("", raw.rstrip("\n")))
+        if not m:
+            continue
+        metrics = steps.setdefault(int(m.group(1)), {})
+        for item in m.group(2).split(" - "):
+            key, sep, value = item.rpartition(":")
+            num = _NUMBER.match(value.strip()) if sep else None
+            if num:
+                try:
+                    metrics[key.strip()] = float(num.group(1))
+                except ValueError:
+                    continue
+    return steps
+
+
+def parse_env(path: Path) -> dict[str, str]:
+    """``env.txt`` (``NAME  value`` per line, as the launcher prints it) -> {NAME: value}."""
+    env: dict[str, str] = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            name, _, value = line.strip().partition(" ")
+            if name and re.fullmatch(r"[A-Z_][A-Z0-9_]*", name):
+                env[name] = value.strip()
+    return env
+
+
+@dataclass
+class Check:
+    """One piece of evidence: its name, whether it holds and what was seen."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class Evidence:
+    """Everything read from a run directory and the checks made on it."""
+
+    run_dir: Path
+    steps: dict[int, dict[str, float]]
+    env: dict[str, str]
+    log: str
+    checks: list[Check] = field(default_factory=list)
+
+    def add(self, name: str, ok: bool, detail: str) -> None:
+        self.checks.append(Check(name, bool(ok), detail))
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+    def series(self, key: str) -> list[float]:
+        """The metric ``key`` at every step that has it, in step order."""
+        return [m[key] for _, m in sorted(self.steps.items()) if key in m]
+
+
+def load(run_dir: Path) -> Evidence:
+    """Read ``train.log`` and ``env.txt`` of a run directory.
+
+    Raises:
+        FileNotFoundError: ``run_dir/train.log`` does not exist (the run never started its recipe).
+    """
+    log_path = run_dir / "train.log"
+    text = log_path.read_text(encoding="utf-8", errors="replace")
+    return Evidence(run_dir, parse_metrics(text.splitlines()), parse_env(run_dir / "env.txt"), _ANSI.sub("", text))
+
+
+def _on(env: dict[str, str], name: str) -> bool:
+    return env.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def check_training(ev: Evidence, min_steps: int) -> None:
+    """Steps, finite losses, computed rewards."""
+    n = len(ev.steps)
+    ev.add("steps", n >= min_steps, f"{n} step(s) logged (need >= {min_steps})")
+    for key in ("actor/pg_loss", "actor/loss", "actor/entropy", "actor/grad_norm"):
+        vals = ev.series(key)
+        ev.add(
+            f"finite {key}",
+            len(vals) == n and n > 0 and all(math.isfinite(v) for v in vals),
+            f"{len(vals)}/{n} steps, values {_fmt(vals)}",
+        )
+    scores = ev.series("critic/score/mean")
+    ev.add(
+        "reward computed",
+        len(scores) == n and n > 0 and all(math.isfinite(v) for v in scores),
+        f"critic/score/mean at {len(scores)}/{n} steps: {_fmt(scores)}",
+    )
+
+
+def check_weight_sync(ev: Evidence, kl_abs: float, kl_ratio: float) -> None:
+    """Weights reach the rollout at every step (module docstring: the rule and why)."""
+    n = len(ev.steps)
+    sync = ev.series("timing_s/update_weights")
+    ev.add(
+        "weight sync ran", len(sync) == n and n > 0, f"timing_s/update_weights at {len(sync)}/{n} steps: {_fmt(sync)}"
+    )
+    kl = ev.series("rollout_corr/kl")
+    movement = max(ev.series("actor/ppo_kl"), default=0.0)
+    bound = max(kl_abs, kl_ratio * movement)
+    ev.add(
+        "policy moves between syncs",
+        movement > kl_abs,
+        f"largest actor/ppo_kl {movement:.3g} (one update's KL; must exceed {kl_abs:g} for the sync "
+        "check to mean anything)",
+    )
+    ev.add(
+        "rollout matches actor",
+        len(kl) == n and n > 0 and all(abs(v) <= bound for v in kl),
+        f"rollout_corr/kl per step {_fmt(kl)} <= {bound:.3g} (max({kl_abs:g}, {kl_ratio:g} x {movement:.3g}))",
+    )
+
+
+FEATURE_CHECKS = (
+    "length-aware resampler",
+    "long-tail guard",
+    "rollout rebalance",
+    "rollout progress",
+    "engine GC",
+)
+
+
+def check_features(ev: Evidence) -> None:
+    """Each feature switched on in env.txt or the logged overrides left its trace."""
+    env, log = ev.env, ev.log
+    if "LengthAwareEpochSampler" in log:
+        check_resampler(ev)
+    if _on(env, "VLLM_ROLLOUT_EARLY_STOP_ENABLE"):
+        # The guard runs in the vLLM server actors: its per-step guard/* metrics are printed there
+        # (one line per server and step with cuts), and reach the trainer's metrics only if a
+        # future patch forwards them (guard/cut_count is counted too when present).
+        cuts = sum(float(c) for c in re.findall(r"long-tail guard, step \S+: \{[^}]*'guard/cut_count': ([0-9.]+)", log))
+        cuts += sum(ev.series("guard/cut_count"))
+        ev.add("long-tail guard", cuts > 0, f"responses cut (server log lines and guard/cut_count): {cuts:g}")
+    if _on(env, "ROLLOUT_REBALANCE_ENABLE"):
+        reqs = [
+            sum(v for k, v in m.items() if re.fullmatch(r"rollout_rebalance/replica\d+/requests", k))
+            for _, m in sorted(ev.steps.items())
+        ]
+        replicas = {
+            k.split("/")[1] for m in ev.steps.values() for k in m if re.match(r"rollout_rebalance/replica\d+/", k)
+        }
+        ev.add(
+            "rollout rebalance",
+            len(reqs) == len(ev.steps) and bool(reqs) and all(r > 0 for r in reqs) and len(replicas) >= 2,
+            f"requests dispatched per step {_fmt(reqs)} over {len(replicas)} replica(s)",
+        )
+    if _on(env, "NPU_RL_ROLLOUT_PROGRESS"):
+        lines = re.findall(r"rollout (?:train|val): \d+/\S+ responses", log)
+        ev.add("rollout progress", bool(lines), f"{len(lines)} progress line(s)")
+    if _on(env, "NPU_RL_ENGINE_GC"):
+        on = len(re.findall(r"engine GC guard on", log))
+        ev.add("engine GC", on > 0, f"guard announced by {on} engine core(s)")
+
+
+def check_resampler(ev: Evidence) -> None:
+    """The length-aware resampler learned and used the lengths: ``sampler/*`` metrics at every step,
+    and from the second epoch on an order that differs from the first and whose generation batches
+    follow the predicted lengths (each batch's length buckets no lower than the previous batch's
+    when ``shuffle_batch_blocks=False``, the CPU recipe's setting; otherwise every batch spans fewer
+    buckets than the whole epoch)."""
+    import numpy as np
+
+    from npu_rl.sampler import parse_epoch_lines
+
+    n = len(ev.steps)
+    cov = ev.series("sampler/table_coverage")
+    ev.add("resampler metrics", len(cov) == n and n > 0, f"sampler/table_coverage at {len(cov)}/{n} steps: {_fmt(cov)}")
+    epochs = parse_epoch_lines(ev.log)
+    if 0 not in epochs or not any(e >= 1 for e in epochs):
+        ev.add(
+            "length-aware resampler", False, f"epoch order lines for epochs {sorted(epochs)} (need 0 and a later one)"
+        )
+        return
+    first = epochs[0][0]
+    later = min(e for e in epochs if e >= 1)
+    order, pred, batch, bucket = epochs[later]
+    known = all(np.isfinite(pred))
+    buckets = [int(p // bucket) for p in pred] if known else []
+    cut = len(order) - len(order) % batch
+    blocks = [buckets[i : i + batch] for i in range(0, cut, batch)]
+    sorted_blocks = all(max(a) <= min(b) for a, b in zip(blocks, blocks[1:], strict=False))
+    ev.add(
+        "length-aware resampler",
+        order != first and known and len(blocks) >= 2 and sorted_blocks,
+        f"epoch {later} order differs from epoch 0: {order != first}; every prompt predicted: {known}; "
+        f"buckets per generation batch {[sorted(set(b)) for b in blocks]} (ascending: {sorted_blocks})",
+    )
+
+
+def _fmt(vals: list[float], limit: int = 8) -> str:
+    shown = ", ".join(f"{v:.3g}" for v in vals[:limit])
+    return f"[{shown}{', ...' if len(vals) > limit else ''}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m npu_rl.e2e", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("check", help="check a run directory's evidence; exit 1 when any is missing")
+    c.add_argument("run_dir", type=Path)
+    c.add_argument("--min-steps", type=int, default=4)
+    c.add_argument("--kl-abs", type=float, default=1e-3, help="rollout-vs-actor KL always accepted (nats/token)")
+    c.add_argument("--kl-ratio", type=float, default=0.1, help="... or this share of one update's KL")
+    c.add_argument("--require", nargs="*", default=[], help="features that must be on (names as printed)")
+    a = p.parse_args(argv)
+    try:
+        ev = load(a.run_dir)
+    except FileNotFoundError as e:
+        print(f"error: {e}: the run did not reach its recipe", file=sys.stderr)
+        return 1
+    check_training(ev, a.min_steps)
+    check_weight_sync(ev, a.kl_abs, a.kl_ratio)
+    check_features(ev)
+    seen = {c.name for c in ev.checks}
+    for name in a.require:
+        if name not in seen:
+            ev.add(name, False, "required, but not switched on in this run (nothing to check)")
+    for chk in ev.checks:
+        print(f"{'ok     ' if chk.ok else 'MISSING'} {chk.name}: {chk.detail}")
+    failed = sum(not c.ok for c in ev.checks)
+    print(f"{len(ev.checks) - failed} passed, {failed} failed")
+    return 0 if ev.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""npu_rl.e2e: the evidence checker of the CPU main job, on logs in verl's real console format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from npu_rl import e2e
+
+# One metrics line as verl's console logger prints it inside a Ray actor (colour codes, np wrappers).
+REAL_LINE = (
+    "\x1b[36m(TaskRunnerV1 pid=16548)\x1b[0m step:1 - actor/entropy:4.09375 - actor/pg_loss:0.0 - "
+    "actor/loss:-0.041 - actor/grad_norm:0.0166 - actor/ppo_kl:0.0196 - rollout_corr/kl:1e-05 - "
+    "critic/score/mean:0.0 - timing_s/update_weights:2.72 - training/num_turns/mean:np.float64(2.0) - "
+    "training/num_turns/max:np.int64(2)"
+)
+
+
+def _step(n: int, **metrics: float) -> str:
+    base = {
+        "actor/pg_loss": 0.0,
+        "actor/loss": -0.04,
+        "actor/entropy": 4.0,
+        "actor/grad_norm": 0.02,
+        "actor/ppo_kl": 0.02,
+        "rollout_corr/kl": 1e-5,
+        "critic/score/mean": 0.0,
+        "timing_s/update_weights": 2.5,
+    }
+    base.update({k.replace("__", "/"): v for k, v in metrics.items()})
+    return f"(TaskRunnerV1 pid=1) step:{n} - " + " - ".join(f"{k}:{v}" for k, v in base.items())
+
+
+def _run_dir(tmp_path: Path, lines: list[str], env: dict[str, str] | None = None) -> Path:
+    (tmp_path / "train.log").write_text("\n".join(lines) + "\n")
+    (tmp_path / "env.txt").write_text("".join(f"{k:<40}  {v}\n" for k, v in (env or {}).items()))
+    return tmp_path
+
+
+def test_parse_metrics_reads_verl_console_line():
+    steps = e2e.parse_metrics([REAL_LINE])
+    assert list(steps) == [1]
+    m = steps[1]
+    assert m["actor/entropy"] == 4.09375
+    assert m["rollout_corr/kl"] == 1e-05
+    assert m["training/num_turns/mean"] == 2.0  # np.float64(...) unwrapped
+    assert m["training/num_turns/max"] == 2.0
+
+
+def test_good_run_passes(tmp_path, capsys):
+    run = _run_dir(tmp_path, [_step(i) for i in range(1, 5)])
+    assert e2e.main(["check", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "MISSING" not in out
+    assert out.strip().splitlines()[-1] == "9 passed, 0 failed"
+
+
+def test_too_few_steps_fail(tmp_path, capsys):
+    run = _run_dir(tmp_path, [_step(i) for i in range(1, 4)])
+    assert e2e.main(["check", str(run), "--min-steps", "4"]) == 1
+    assert "MISSING steps: 3 step(s) logged" in capsys.readouterr().out
+
+
+def test_nan_loss_fails(tmp_path, capsys):
+    run = _run_dir(tmp_path, [_step(1), _step(2, actor__loss=float("nan")), _step(3), _step(4)])
+    assert e2e.main(["check", str(run)]) == 1
+    assert "MISSING finite actor/loss" in capsys.readouterr().out
+
+
+def test_stale_rollout_fails(tmp_path, capsys):
+    # A rollout one update behind: its KL to the actor is that of one update (ppo_kl).
+    lines = [_step(1), _step(2, rollout_corr__kl=0.015), _step(3), _step(4)]
+    assert e2e.main(["check", str(_run_dir(tmp_path, lines))]) == 1
+    assert "MISSING rollout matches actor" in capsys.readouterr().out
+
+
+def test_policy_that_never_moves_cannot_prove_a_sync(tmp_path, capsys):
+    lines = [_step(i, actor__ppo_kl=0.0) for i in range(1, 5)]
+    assert e2e.main(["check", str(_run_dir(tmp_path, lines))]) == 1
+    assert "MISSING policy moves between syncs" in capsys.readouterr().out
+
+
+def test_switched_on_feature_without_trace_fails(tmp_path, capsys):
+    env = {"NPU_RL_ENGINE_GC": "1", "NPU_RL_ROLLOUT_PROGRESS": "1"}
+    lines = [_step(i) for i in range(1, 5)]
+    lines.append("(TaskRunnerV1 pid=1) rollout train: 40/40 responses, 10/10 groups, 261 tok/s, longest 48 tok")
+    assert e2e.main(["check", str(_run_dir(tmp_path, lines, env))]) == 1
+    out = capsys.readouterr().out
+    assert "ok      rollout progress: 1 progress line(s)" in out
+    assert "MISSING engine GC: guard announced by 0 engine core(s)" in out
+
+
+def test_required_feature_that_is_off_fails(tmp_path, capsys):
+    run = _run_dir(tmp_path, [_step(i) for i in range(1, 5)])
+    assert e2e.main(["check", str(run), "--require", "long-tail guard"]) == 1
+    assert "MISSING long-tail guard: required, but not switched on" in capsys.readouterr().out
+
+
+def test_rebalance_needs_requests_on_two_replicas(tmp_path, capsys):
+    env = {"ROLLOUT_REBALANCE_ENABLE": "1"}
+    one = [
+        _step(i, rollout_rebalance__replica0__requests=40.0, rollout_rebalance__replica1__requests=0.0)
+        for i in range(1, 5)
+    ]
+    assert e2e.main(["check", str(_run_dir(tmp_path, one, env))]) == 0  # dispatch to 2 replicas, one idle
+    two = [_step(i, rollout_rebalance__replica0__requests=20.0) for i in range(1, 5)]
+    assert e2e.main(["check", str(_run_dir(tmp_path, two, env))]) == 1
+    assert "over 1 replica(s)" in capsys.readouterr().out
+
+
+def test_missing_train_log_is_an_error(tmp_path, capsys):
+    assert e2e.main(["check", str(tmp_path)]) == 1
+    assert "did not reach its recipe" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["1", "true", "on"])
+def test_env_txt_parsing(tmp_path, value):
+    run = _run_dir(tmp_path, [_step(1)], {"NPU_RL_ENGINE_GC": value, "RAY_AUTH_TOKEN": "<set, hidden>"})
+    env = e2e.parse_env(run / "env.txt")
+    assert env["NPU_RL_ENGINE_GC"] == value
+    assert env["RAY_AUTH_TOKEN"] == "<set, hidden>"
