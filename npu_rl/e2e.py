@@ -134,13 +134,29 @@ def check_training(ev: Evidence, min_steps: int) -> None:
     )
 
 
-def check_weight_sync(ev: Evidence, kl_abs: float, kl_ratio: float) -> None:
+def skips_old_log_prob(ev: Evidence) -> bool:
+    """Whether the run used ``actor_rollout_ref.actor.recompute_old_log_prob=false`` (the on-policy
+    shortcut; verl's config dump in the log shows the key)."""
+    return "'recompute_old_log_prob': False" in ev.log
+
+
+def check_weight_sync(ev: Evidence, kl_abs: float, kl_ratio: float, probs_diff_max: float) -> None:
     """Weights reach the rollout at every step (module docstring: the rule and why)."""
     n = len(ev.steps)
     sync = ev.series("timing_s/update_weights")
     ev.add(
         "weight sync ran", len(sync) == n and n > 0, f"timing_s/update_weights at {len(sync)}/{n} steps: {_fmt(sync)}"
     )
+    if skips_old_log_prob(ev):
+        # No old-log-prob pass, so no rollout_corr/*: the shortcut reports |p_actor - p_rollout| of
+        # the update pass instead (before its optimizer step, i.e. with the weights just synced).
+        diff = ev.series("actor/training/rollout_probs_diff_max")
+        ev.add(
+            "rollout matches actor",
+            len(diff) == n and n > 0 and all(v <= probs_diff_max for v in diff),
+            f"actor/training/rollout_probs_diff_max per step {_fmt(diff)} <= {probs_diff_max:g}",
+        )
+        return
     kl = ev.series("rollout_corr/kl")
     movement = max(ev.series("actor/ppo_kl"), default=0.0)
     bound = max(kl_abs, kl_ratio * movement)
@@ -157,7 +173,10 @@ def check_weight_sync(ev: Evidence, kl_abs: float, kl_ratio: float) -> None:
     )
 
 
+OLD_LOG_PROB_SKIPPED_S = 0.5  # a recompute pass over even one small batch takes longer
+
 FEATURE_CHECKS = (
+    "skip old-log-prob",
     "length-aware resampler",
     "long-tail guard",
     "rollout rebalance",
@@ -169,7 +188,20 @@ FEATURE_CHECKS = (
 def check_features(ev: Evidence) -> None:
     """Each feature switched on in env.txt or the logged overrides left its trace."""
     env, log = ev.env, ev.log
-    if "LengthAwareEpochSampler" in log:
+    if skips_old_log_prob(ev):
+        n = len(ev.steps)
+        # verl's V1 trainer times the (skipped) branch anyway: ~4 ms here against 12-15 s for the pass.
+        skipped = sum(m.get("timing_s/old_log_prob", 0.0) < OLD_LOG_PROB_SKIPPED_S for m in ev.steps.values())
+        aliased = len(ev.series("actor/training/rollout_probs_diff_mean"))
+        entropy = len(ev.series("actor/entropy"))
+        ev.add(
+            "skip old-log-prob",
+            n > 0 and skipped == n and aliased == n and entropy == n,
+            f"steps without an old-log-prob pass (timing_s/old_log_prob < {OLD_LOG_PROB_SKIPPED_S:g} s) {skipped}/{n}; "
+            "rollout-vs-actor diff from the update pass "
+            f"(actor/training/rollout_probs_diff_mean) at {aliased}/{n}; actor/entropy at {entropy}/{n}",
+        )
+    if "'class_name': 'LengthAwareEpochSampler'" in log:  # verl's config dump: data.sampler.class_name
         check_resampler(ev)
     if _on(env, "VLLM_ROLLOUT_EARLY_STOP_ENABLE"):
         # The guard runs in the vLLM server actors: its per-step guard/* metrics are printed there
@@ -247,6 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--min-steps", type=int, default=4)
     c.add_argument("--kl-abs", type=float, default=1e-3, help="rollout-vs-actor KL always accepted (nats/token)")
     c.add_argument("--kl-ratio", type=float, default=0.1, help="... or this share of one update's KL")
+    c.add_argument(
+        "--probs-diff-max",
+        type=float,
+        default=1e-3,
+        help="with recompute_old_log_prob=false: largest |p_actor - p_rollout| accepted per step",
+    )
     c.add_argument("--require", nargs="*", default=[], help="features that must be on (names as printed)")
     a = p.parse_args(argv)
     try:
@@ -255,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}: the run did not reach its recipe", file=sys.stderr)
         return 1
     check_training(ev, a.min_steps)
-    check_weight_sync(ev, a.kl_abs, a.kl_ratio)
+    check_weight_sync(ev, a.kl_abs, a.kl_ratio, a.probs_diff_max)
     check_features(ev)
     seen = {c.name for c in ev.checks}
     for name in a.require:

@@ -120,3 +120,44 @@ def test_env_txt_parsing(tmp_path, value):
     env = e2e.parse_env(run / "env.txt")
     assert env["NPU_RL_ENGINE_GC"] == value
     assert env["RAY_AUTH_TOKEN"] == "<set, hidden>"
+
+
+def test_skip_old_log_prob_run(tmp_path, capsys):
+    # The shortcut's run: no old-log-prob pass, the rollout-vs-actor diff comes from the update pass.
+    config_dump = "(TaskRunnerV1 pid=1)   'actor': {'recompute_old_log_prob': False,"
+    lines = [config_dump]
+    for i in range(1, 3):
+        line = _step(i, actor__training__rollout_probs_diff_mean=1e-6, actor__training__rollout_probs_diff_max=2e-5)
+        lines.append(line.replace(" - rollout_corr/kl:1e-05", ""))
+    run = _run_dir(tmp_path, lines)
+    assert e2e.main(["check", str(run), "--min-steps", "2", "--require", "skip old-log-prob"]) == 0
+    out = capsys.readouterr().out
+    assert "ok      skip old-log-prob: steps without an old-log-prob pass (timing_s/old_log_prob < 0.5 s) 2/2" in out
+    # verl times the skipped branch (4 ms in the real run): still a skip
+    lines[1] += " - timing_s/old_log_prob:0.004"
+    assert e2e.main(["check", str(_run_dir(tmp_path, lines)), "--min-steps", "2"]) == 0
+    capsys.readouterr()
+    # an old-log-prob pass at step 2 (12 s in the real run): the shortcut did not act
+    lines[2] += " - timing_s/old_log_prob:12.0"
+    assert e2e.main(["check", str(_run_dir(tmp_path, lines)), "--min-steps", "2"]) == 1
+    assert "< 0.5 s) 1/2" in capsys.readouterr().out
+
+
+def test_resampler_evidence_from_epoch_lines(tmp_path, capsys):
+    import numpy as np
+
+    from npu_rl.sampler import epoch_line
+    from npu_rl.sampler.core import OrderParams
+
+    params = OrderParams(batch_size=2, bucket_size=8, shuffle_batch_blocks=False)
+    unknown = np.full(4, np.nan)
+    learned = np.array([30.0, 3.0, 20.0, 5.0])
+    dump = "(TaskRunnerV1 pid=1) 'sampler': {'class_name': 'LengthAwareEpochSampler',"
+    epoch0 = epoch_line(0, np.array([0, 1, 2, 3]), unknown, 0, params)
+    good = epoch_line(1, np.array([1, 3, 2, 0]), learned, 0, params)  # buckets [0, 0], [2, 3]
+    bad = epoch_line(1, np.array([0, 1, 2, 3]), learned, 0, params)  # same order, buckets [3, 0], [2, 0]
+    steps = [_step(i, sampler__table_coverage=1.0) for i in range(1, 5)]
+    assert e2e.main(["check", str(_run_dir(tmp_path, [dump, epoch0, good, *steps]))]) == 0
+    assert "ascending: True" in capsys.readouterr().out
+    assert e2e.main(["check", str(_run_dir(tmp_path, [dump, epoch0, bad, *steps]))]) == 1
+    assert "MISSING length-aware resampler: epoch 1 order differs from epoch 0: False" in capsys.readouterr().out

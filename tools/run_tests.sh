@@ -70,28 +70,48 @@ tests::upstream() {
     common::log "upstream tests: $count path(s) in ${#per_tree[@]} tree(s)"
 }
 
-tests::main_job() {
-    # The project's main check: a real GRPO run on CPU through the launcher (README, "main job"
-    # line), then the run's evidence (npu_rl.e2e: steps, finite losses, rewards, weight sync, every
-    # switched-on feature). A failure prints the tail of the run's train.log.
-    local logs budget="${NPU_RL_MAIN_JOB_TIMEOUT:-900}" rc=0 run_dir
-    logs="$(mktemp -d "${TMPDIR:-/tmp}/npu-rl-main-job.XXXXXX")"
-    common::log "CPU main job (budget ${budget} s; logs in $logs)"
+tests::cpu_run() {
+    # One run of the CPU recipe through the launcher, then its evidence (npu_rl.e2e). $1: a name,
+    # $2: seconds allowed, $3...: npu_rl.e2e check options, then "--", then recipe overrides.
+    local name="$1" budget="$2" rc=0 run_dir logs
+    shift 2
+    local checks=() overrides=()
+    while (($#)) && [[ "$1" != -- ]]; do checks+=("$1"); shift; done
+    (($#)) && shift
+    overrides=("$@")
+    logs="$(mktemp -d "${TMPDIR:-/tmp}/npu-rl-$name.XXXXXX")"
+    common::log "$name: bash ray_start_npu.sh recipes/qwen3-tiny/grpo_cpu.sh recipes/qwen3-tiny/env_cpu.sh ${overrides[*]} (budget ${budget} s; logs in $logs)"
     (cd "$NPU_RL_ROOT" && LOG_DIR="$logs" timeout --signal=TERM --kill-after=60 "$budget" \
-        bash ray_start_npu.sh recipes/qwen3-tiny/grpo_cpu.sh recipes/qwen3-tiny/env_cpu.sh </dev/null) || rc=$?
+        bash ray_start_npu.sh recipes/qwen3-tiny/grpo_cpu.sh recipes/qwen3-tiny/env_cpu.sh "${overrides[@]}" </dev/null) || rc=$?
     run_dir="$(find "$logs" -mindepth 1 -maxdepth 1 -type d | sort | tail -n 1)"
     if ((rc == 0)) && [[ -n "$run_dir" ]]; then
-        (cd "$NPU_RL_ROOT" && "$PY" -m npu_rl.e2e check "$run_dir" --min-steps 4 \
-            --require "length-aware resampler" "long-tail guard" "rollout rebalance" "rollout progress" "engine GC") || rc=$?
+        (cd "$NPU_RL_ROOT" && "$PY" -m npu_rl.e2e check "$run_dir" "${checks[@]}") || rc=$?
     fi
     if ((rc != 0)); then
-        ((rc == 124)) && common::log "the main job ran past its ${budget} s budget"
+        ((rc == 124)) && common::log "$name ran past its ${budget} s budget"
         if [[ -n "$run_dir" && -f "$run_dir/train.log" ]]; then
             common::log "last 150 lines of $run_dir/train.log:"
             tail -n 150 "$run_dir/train.log" >&2
         fi
-        common::die "CPU main job failed (exit $rc); run directory: ${run_dir:-none}"
+        common::die "$name failed (exit $rc); run directory: ${run_dir:-none}"
     fi
+}
+
+tests::main_job() {
+    # The project's main check (README, "main job ... runs anywhere"): a real GRPO run on CPU, 2
+    # epochs, 4 steps, every feature that runs on CPU, then the skip-old-log-prob variant (its
+    # validity rules need one mini-batch per step: 1 epoch, 2 steps). 15 minutes for both.
+    local started=$SECONDS total="${NPU_RL_MAIN_JOB_TIMEOUT:-900}"
+    tests::cpu_run main-job "$((total * 3 / 5))" --min-steps 4 \
+        --require "length-aware resampler" "long-tail guard" "rollout rebalance" "rollout progress" "engine GC"
+    # The variant keeps the resampler (one epoch teaches it nothing) and the guard (its cuts in two
+    # steps are left to chance) off; the main run checks both.
+    (
+        export VLLM_ROLLOUT_EARLY_STOP_ENABLE=0
+        tests::cpu_run main-job-onpolicy "$((total - (SECONDS - started)))" --min-steps 2 --require "skip old-log-prob" -- \
+            trainer.total_epochs=1 trainer.total_training_steps=2 actor_rollout_ref.actor.ppo_mini_batch_size=10 \
+            actor_rollout_ref.actor.recompute_old_log_prob=false data.sampler.class_name=null
+    )
 }
 
 main() {

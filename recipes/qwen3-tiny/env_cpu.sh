@@ -15,7 +15,7 @@ export VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-nobind}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export TOKENIZERS_PARALLELISM=false
 export NPU_RL_TINY_DIR="${NPU_RL_TINY_DIR:-${NPU_RL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/npu-rl-recipes}/qwen3-tiny}"
-export MODEL_PATH="${MODEL_PATH:-$NPU_RL_TINY_DIR/model}"
+export MODEL_PATH="${MODEL_PATH:-$NPU_RL_TINY_DIR/Qwen3-tiny}"
 export DATA_DIR="${DATA_DIR:-$NPU_RL_TINY_DIR/data}"
 # The preflight's model facts before the model is made (the same config the tiny model is written from).
 export NPU_RL_MODEL_META="${NPU_RL_MODEL_META:-$NPU_RL_ROOT/recipes/qwen3-tiny/config.json}"
