@@ -474,3 +474,19 @@ def test_readme_holds_each_generated_table_once():
         assert splice(readme, name, "X").count("X\n<!--") == 1
     with pytest.raises(KeyError, match="exactly one"):
         splice(readme + "\n<!-- features-table:end -->\n", "features", "X")
+
+
+def test_a_dataclass_field_missing_from_verls_yaml_is_accepted_with_plus():
+    # verl's RolloutConfig reads enable_sleep_mode (vLLM refuses sleep mode on CPU), but rollout.yaml
+    # does not list it: the dataclass judges the key, and Hydra needs the '+'.
+    key = "actor_rollout_ref.rollout.enable_sleep_mode"
+    assert key not in errors(check(f"+{key}=False")), check(f"+{key}=False").render()
+    e = errors(check(f"{key}=False"))
+    assert e[key].fix == f"write +{key}=False"
+    assert "RolloutConfig reads this field" in e[key].message
+    assert (
+        "no such key"
+        in errors(check("+actor_rollout_ref.rollout.enable_sleep_mod=False"))[
+            "actor_rollout_ref.rollout.enable_sleep_mod"
+        ].message
+    )
