@@ -81,8 +81,12 @@ tests::cpu_run() {
     overrides=("$@")
     logs="$(mktemp -d "${TMPDIR:-/tmp}/npu-rl-$name.XXXXXX")"
     common::log "$name: bash ray_start_npu.sh recipes/qwen3-tiny/grpo_cpu.sh recipes/qwen3-tiny/env_cpu.sh ${overrides[*]} (budget ${budget} s; logs in $logs)"
+    # The launcher's own output (it tees the whole train.log) goes to a file: the stage prints the
+    # evidence, and the log's tail on failure.
     (cd "$NPU_RL_ROOT" && LOG_DIR="$logs" timeout --signal=TERM --kill-after=60 "$budget" \
-        bash ray_start_npu.sh recipes/qwen3-tiny/grpo_cpu.sh recipes/qwen3-tiny/env_cpu.sh "${overrides[@]}" </dev/null) || rc=$?
+        bash ray_start_npu.sh recipes/qwen3-tiny/grpo_cpu.sh recipes/qwen3-tiny/env_cpu.sh "${overrides[@]}" \
+        </dev/null >"$logs/launcher.out" 2>&1) || rc=$?
+    grep -E '^\[npu-rl [0-9:]+\]' "$logs/launcher.out" | tail -n 6 || true
     run_dir="$(find "$logs" -mindepth 1 -maxdepth 1 -type d | sort | tail -n 1)"
     if ((rc == 0)) && [[ -n "$run_dir" ]]; then
         (cd "$NPU_RL_ROOT" && "$PY" -m npu_rl.e2e check "$run_dir" "${checks[@]}") || rc=$?
@@ -92,6 +96,9 @@ tests::cpu_run() {
         if [[ -n "$run_dir" && -f "$run_dir/train.log" ]]; then
             common::log "last 150 lines of $run_dir/train.log:"
             tail -n 150 "$run_dir/train.log" >&2
+        else
+            common::log "last 60 lines of the launcher's output ($logs/launcher.out):"
+            tail -n 60 "$logs/launcher.out" >&2
         fi
         common::die "$name failed (exit $rc); run directory: ${run_dir:-none}"
     fi
