@@ -3,22 +3,27 @@ switched-on feature really happen? (``python -m npu_rl.e2e check RUN_DIR``)
 
 The launcher writes ``RUN_DIR/train.log`` (the recipe's output: verl's console metrics, one
 ``step:N - key:value - ...`` line per step, and what verl's Ray actors print) and ``RUN_DIR/env.txt``
-(the node environment the run started with). This module parses both and checks, for any recipe:
+(the node environment the run started with). This module parses both and checks (written for the
+CPU main job, usable on any run of verl's V1 trainer):
 
 - the run trained at least ``--min-steps`` steps, every loss is finite and the reward was computed;
 - the weights reached the rollout: verl's rollout-vs-actor metrics (``rollout_corr/*``, computed on
   the same trajectories from vLLM's sampling log-probabilities and the actor's recompute) stay far
   below what a rollout one update behind would show (the next section says why);
-- every feature switched on in ``env.txt`` or in the recipe's overrides left its trace (a metric or
-  a log line); a feature that is on and silent is a failure, not a skip.
+- every feature switched on in ``env.txt`` or in verl's config dump left its trace (a metric or a
+  log line); a feature that is on and silent is a failure, not a skip, and so is a feature that is
+  on but has no trace this checker knows (:data:`UNCHECKED_SWITCHES`).
 
 Why the weight-sync rule works: verl starts the rollout from ``load_format=dummy`` (random values in
 [-1e-3, 1e-3]: almost uniform next-token distributions), so step 1's rollout-vs-actor KL is near
 zero only if the first sync delivered the actor's weights; after that the actor changes every step,
 and a rollout left one update behind would show a KL of the order of the policy's movement per
-update, which verl measures as ``actor/ppo_kl`` on the second and later mini-batches of a step. The
-rule is ``rollout_corr/kl <= max(--kl-abs, --kl-ratio * movement)`` at every step, with the movement
-taken as the largest ``actor/ppo_kl`` of the run (see docs/e2e.md for the measured values).
+update. verl reports ``actor/ppo_kl`` per step as the mean over the step's micro-batches of the KL
+between the policy being updated and the step's anchor: 0 on the first mini-batch, one update's KL
+on the second, so with two mini-batches it is about half of one update's KL (an underestimate,
+which makes the rule stricter). The rule is ``rollout_corr/kl <= max(--kl-abs, --kl-ratio *
+movement)`` at every step, with the movement taken as the largest ``actor/ppo_kl`` of the run (see
+docs/e2e.md for the measured values).
 """
 
 from __future__ import annotations
@@ -173,6 +178,12 @@ def check_weight_sync(ev: Evidence, kl_abs: float, kl_ratio: float, probs_diff_m
     )
 
 
+# Feature variables whose work leaves no trace this checker can read (they are not for the CPU job).
+UNCHECKED_SWITCHES = {
+    "NPU_RL_RANDOM_INIT": "it acts on the Megatron engine only (verl patch 0002); nothing to see with FSDP",
+    "ALL_TO_ALL_RESHARD": "it needs an MoE model with expert parallelism",
+}
+
 OLD_LOG_PROB_SKIPPED_S = 0.5  # a recompute pass over even one small batch takes longer
 
 FEATURE_CHECKS = (
@@ -211,21 +222,25 @@ def check_features(ev: Evidence) -> None:
         cuts += sum(ev.series("guard/cut_count"))
         ev.add("long-tail guard", cuts > 0, f"responses cut (server log lines and guard/cut_count): {cuts:g}")
     if _on(env, "ROLLOUT_REBALANCE_ENABLE"):
-        reqs = [
-            sum(v for k, v in m.items() if re.fullmatch(r"rollout_rebalance/replica\d+/requests", k))
-            for _, m in sorted(ev.steps.items())
-        ]
-        replicas = {
-            k.split("/")[1] for m in ev.steps.values() for k in m if re.match(r"rollout_rebalance/replica\d+/", k)
-        }
+        # targets are replica<i> or replica<i>#dp<r> (npu_rl.rebalance.verl_lb)
+        target = re.compile(r"rollout_rebalance/(replica\d+(?:#dp\d+)?)/requests")
+        per_step = []
+        for _, m in sorted(ev.steps.items()):
+            used = {t.group(1): v for k, v in m.items() if (t := target.fullmatch(k))}
+            per_step.append((sum(used.values()), sum(v > 0 for v in used.values())))
         ev.add(
             "rollout rebalance",
-            len(reqs) == len(ev.steps) and bool(reqs) and all(r > 0 for r in reqs) and len(replicas) >= 2,
-            f"requests dispatched per step {_fmt(reqs)} over {len(replicas)} replica(s)",
+            bool(per_step) and all(total > 0 and busy >= 2 for total, busy in per_step),
+            f"requests dispatched / targets used per step {[(int(t), b) for t, b in per_step]} (need >= 2 targets)",
         )
     if _on(env, "NPU_RL_ROLLOUT_PROGRESS"):
         lines = re.findall(r"rollout (?:train|val): \d+/\S+ responses", log)
         ev.add("rollout progress", bool(lines), f"{len(lines)} progress line(s)")
+    for name, why in UNCHECKED_SWITCHES.items():
+        if _on(env, name):
+            ev.add(name, False, f"switched on, but this checker knows no trace of it: {why}")
+    if "'method': 'sam'" in log:
+        ev.add("SAM", False, "switched on, but verl runs vLLM with disable_log_stats=True: no acceptance to read")
     if _on(env, "NPU_RL_ENGINE_GC"):
         on = len(re.findall(r"engine GC guard on", log))
         ev.add("engine GC", on > 0, f"guard announced by {on} engine core(s)")
@@ -252,17 +267,23 @@ def check_resampler(ev: Evidence) -> None:
         return
     first = epochs[0][0]
     later = min(e for e in epochs if e >= 1)
-    order, pred, batch, bucket = epochs[later]
+    order, pred, batch, bucket, shuffled = epochs[later]
     known = all(np.isfinite(pred))
     buckets = [int(p // bucket) for p in pred] if known else []
     cut = len(order) - len(order) % batch
     blocks = [buckets[i : i + batch] for i in range(0, cut, batch)]
-    sorted_blocks = all(max(a) <= min(b) for a, b in zip(blocks, blocks[1:], strict=False))
+    if shuffled:
+        # batches in random order: each one must still be narrower than the whole epoch
+        rule = "narrower than the epoch"
+        follows = bool(blocks) and all(len(set(b)) < len(set(buckets[:cut])) for b in blocks)
+    else:
+        rule = "ascending"
+        follows = all(max(a) <= min(b) for a, b in zip(blocks, blocks[1:], strict=False))
     ev.add(
         "length-aware resampler",
-        order != first and known and len(blocks) >= 2 and sorted_blocks,
+        order != first and known and len(blocks) >= 2 and follows,
         f"epoch {later} order differs from epoch 0: {order != first}; every prompt predicted: {known}; "
-        f"buckets per generation batch {[sorted(set(b)) for b in blocks]} (ascending: {sorted_blocks})",
+        f"buckets per generation batch {[sorted(set(b)) for b in blocks]} ({rule}: {follows})",
     )
 
 
@@ -295,6 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     check_training(ev, a.min_steps)
     check_weight_sync(ev, a.kl_abs, a.kl_ratio, a.probs_diff_max)
     check_features(ev)
+    unknown = sorted(set(a.require) - set(FEATURE_CHECKS))
+    if unknown:
+        print(
+            f"error: --require {', '.join(unknown)}: no such check; known: {', '.join(FEATURE_CHECKS)}", file=sys.stderr
+        )
+        return 2
     seen = {c.name for c in ev.checks}
     for name in a.require:
         if name not in seen:

@@ -122,8 +122,9 @@ def write_tiny(
     """Write a tiny random-weight Qwen3 (``Qwen3ForCausalLM``) with the real tokenizer into ``dest``.
 
     Shapes: ``hidden`` = model width, heads of 32 (``hidden // 32`` query heads, half as many KV
-    heads, at least 1), MLP width ``2 * hidden``, the real vocabulary (151,936 rows, tied
-    embeddings), ``layers`` decoder layers. Same arguments give byte-identical weights.
+    heads, at least 1), MLP width ``2 * hidden``, the tokenizer's vocabulary (151,669 rows, tied
+    embeddings; real Qwen3 pads to 151,936, rows verl masks in the rollout only), ``layers`` decoder
+    layers. Same arguments give byte-identical weights.
     Weights are drawn with the config's ``initializer_range`` (0.4: next-token distributions of
     entropy ~4 nats, far from the near-uniform ones of verl's ``load_format=dummy`` start, so the
     log-probabilities tell which weights produced them), and the embedding row of ``<|im_end|>`` is

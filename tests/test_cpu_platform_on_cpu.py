@@ -50,10 +50,15 @@ def test_never_auto_detected():
 
 def test_refused_on_a_machine_with_npus(monkeypatch):
     from npu_rl.cpu import platform
+    from npu_rl.launch import topology
 
-    monkeypatch.setattr(platform, "npus_present", lambda: ["/dev/davinci0"])
-    with pytest.raises(platform.CpuPlatformRefused, match="machine with NPUs.*/dev/davinci0.*NPU env script"):
+    monkeypatch.setattr(topology.Probe, "count_npus", lambda self: (16, "/dev/davinci*"))
+    with pytest.raises(
+        platform.CpuPlatformRefused, match=r"machine with NPUs \(16 die\(s\) by /dev/davinci\*\).*env_1node"
+    ):
         platform.PlatformCPU()
+    monkeypatch.setattr(topology.Probe, "count_npus", lambda self: None)
+    assert platform.npus_present() == []
 
 
 def test_gloo_process_group_on_the_platform_backend():

@@ -97,16 +97,36 @@ def test_required_feature_that_is_off_fails(tmp_path, capsys):
     assert "MISSING long-tail guard: required, but not switched on" in capsys.readouterr().out
 
 
-def test_rebalance_needs_requests_on_two_replicas(tmp_path, capsys):
+def test_rebalance_needs_requests_on_two_targets_every_step(tmp_path, capsys):
     env = {"ROLLOUT_REBALANCE_ENABLE": "1"}
-    one = [
-        _step(i, rollout_rebalance__replica0__requests=40.0, rollout_rebalance__replica1__requests=0.0)
+    both = [
+        _step(i, rollout_rebalance__replica0__requests=20.0, rollout_rebalance__replica1__requests=20.0)
         for i in range(1, 5)
     ]
-    assert e2e.main(["check", str(_run_dir(tmp_path, one, env))]) == 0  # dispatch to 2 replicas, one idle
-    two = [_step(i, rollout_rebalance__replica0__requests=20.0) for i in range(1, 5)]
-    assert e2e.main(["check", str(_run_dir(tmp_path, two, env))]) == 1
-    assert "over 1 replica(s)" in capsys.readouterr().out
+    assert e2e.main(["check", str(_run_dir(tmp_path, both, env))]) == 0
+    capsys.readouterr()
+    dp = [
+        _step(i, **{"rollout_rebalance/replica0#dp0/requests": 10.0, "rollout_rebalance/replica0#dp1/requests": 30.0})
+        for i in range(1, 5)
+    ]
+    assert e2e.main(["check", str(_run_dir(tmp_path, dp, env))]) == 0  # DP-rank targets count as targets
+    capsys.readouterr()
+    one = list(both)
+    one[2] = _step(3, rollout_rebalance__replica0__requests=40.0, rollout_rebalance__replica1__requests=0.0)
+    assert e2e.main(["check", str(_run_dir(tmp_path, one, env))]) == 1
+    assert "(40, 1)" in capsys.readouterr().out
+
+
+def test_switched_on_feature_without_a_known_trace_fails(tmp_path, capsys):
+    run = _run_dir(tmp_path, [_step(i) for i in range(1, 5)], {"NPU_RL_RANDOM_INIT": "1"})
+    assert e2e.main(["check", str(run)]) == 1
+    assert "MISSING NPU_RL_RANDOM_INIT: switched on, but this checker knows no trace of it" in capsys.readouterr().out
+
+
+def test_unknown_required_check_is_a_usage_error(tmp_path, capsys):
+    run = _run_dir(tmp_path, [_step(i) for i in range(1, 5)])
+    assert e2e.main(["check", str(run), "--require", "long tail guard"]) == 2
+    assert "no such check; known: skip old-log-prob, length-aware resampler" in capsys.readouterr().err
 
 
 def test_missing_train_log_is_an_error(tmp_path, capsys):
@@ -161,3 +181,12 @@ def test_resampler_evidence_from_epoch_lines(tmp_path, capsys):
     assert "ascending: True" in capsys.readouterr().out
     assert e2e.main(["check", str(_run_dir(tmp_path, [dump, epoch0, bad, *steps]))]) == 1
     assert "MISSING length-aware resampler: epoch 1 order differs from epoch 0: False" in capsys.readouterr().out
+    # shuffled batches (the sampler's default): each batch narrower than the epoch, in any order
+    shuffled = OrderParams(batch_size=2, bucket_size=8, shuffle_batch_blocks=True)
+    narrow = epoch_line(1, np.array([2, 0, 1, 3]), learned, 0, shuffled)  # buckets [2, 3], [0, 0]
+    assert e2e.main(["check", str(_run_dir(tmp_path, [dump, epoch0, narrow, *steps]))]) == 0
+    assert "narrower than the epoch: True" in capsys.readouterr().out
+    two = np.array([30.0, 3.0, 30.0, 3.0])
+    wide = epoch_line(1, np.array([1, 0, 3, 2]), two, 0, shuffled)  # buckets [0, 3], [0, 3]: every batch spans all
+    assert e2e.main(["check", str(_run_dir(tmp_path, [dump, epoch0, wide, *steps]))]) == 1
+    assert "narrower than the epoch: False" in capsys.readouterr().out

@@ -88,7 +88,10 @@ tests::cpu_run() {
         </dev/null >"$logs/launcher.out" 2>&1) || rc=$?
     grep -E '^\[npu-rl [0-9:]+\]' "$logs/launcher.out" | tail -n 6 || true
     run_dir="$(find "$logs" -mindepth 1 -maxdepth 1 -type d | sort | tail -n 1)"
-    if ((rc == 0)) && [[ -n "$run_dir" ]]; then
+    if ((rc == 0)) && [[ -z "$run_dir" ]]; then
+        common::log "$name: the launcher exited 0 but left no run directory in $logs"
+        rc=1
+    elif ((rc == 0)); then
         (cd "$NPU_RL_ROOT" && "$PY" -m npu_rl.e2e check "$run_dir" "${checks[@]}") || rc=$?
     fi
     if ((rc != 0)); then

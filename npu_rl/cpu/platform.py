@@ -3,8 +3,6 @@ when ``VERL_USE_EXTERNAL_MODULES`` names this module, in the driver and in every
 
 from __future__ import annotations
 
-import glob
-import importlib.util
 import os
 import resource
 from contextlib import contextmanager
@@ -31,12 +29,13 @@ class CpuPlatformRefused(NpuRlError):
 
 
 def npus_present() -> list[str]:
-    """What shows this machine has Ascend NPUs: ``/dev/davinci<N>`` device files and an importable
-    ``torch_npu``. Empty on a CPU machine."""
-    found = sorted(p for p in glob.glob("/dev/davinci*") if p.removeprefix("/dev/davinci").isdigit())
-    if importlib.util.find_spec("torch_npu") is not None:
-        found.append("torch_npu (importable)")
-    return found
+    """What shows this machine has Ascend NPUs, by the launcher's own rule
+    (:meth:`npu_rl.launch.topology.Probe.count_npus`: ``/dev/davinci<N>`` device files, else the
+    dies ``npu-smi info -m`` lists). Empty on a CPU machine."""
+    from npu_rl.launch.topology import Probe
+
+    found = Probe().count_npus()
+    return [f"{found[0]} die(s) by {found[1]}"] if found else []
 
 
 def refuse_on_npu_machine() -> None:
@@ -44,9 +43,9 @@ def refuse_on_npu_machine() -> None:
     found = npus_present()
     if found:
         raise CpuPlatformRefused(
-            f"VERL_PLATFORM={PLATFORM_NAME} on a machine with NPUs ({', '.join(found[:4])}): the CPU platform is "
-            "for development and CI only. Use an NPU env script (e.g. recipes/qwen3-0.6b/env_1node.sh), "
-            "not recipes/qwen3-tiny/env_cpu.sh"
+            f"VERL_PLATFORM={PLATFORM_NAME} on a machine with NPUs ({', '.join(found)}): the CPU platform is for "
+            "machines without NPUs (development, CI). Here run an NPU recipe with its env script, e.g. "
+            "recipes/qwen3-0.6b/grpo_gsm8k_smoke.sh recipes/qwen3-0.6b/env_1node.sh"
         )
 
 

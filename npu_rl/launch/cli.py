@@ -131,7 +131,8 @@ class Launcher:
             # The CPU platform is for machines without NPUs (development, CI); never pick it here.
             raise TopologyError(
                 "VERL_PLATFORM=cpu (a CPU env script such as recipes/qwen3-tiny/env_cpu.sh) on a node with NPUs "
-                f"({topo.npus_source}): use the recipe's NPU env script instead"
+                f"({topo.npus_source}): the CPU platform is for machines without NPUs. Here run an NPU recipe with "
+                "its env script, e.g. recipes/qwen3-0.6b/grpo_gsm8k_smoke.sh recipes/qwen3-0.6b/env_1node.sh"
             )
         if not dry_run and not cpu_platform and not topo.devices_found and self.env.get("NPU_RL_ALLOW_NO_NPU") != "1":
             # verl would fall back to another device type and hang instead of failing.

@@ -227,30 +227,30 @@ class LengthAwareEpochSampler(torch.utils.data.Sampler[int]):
 def epoch_line(epoch: int, order: np.ndarray, predicted: np.ndarray, tail: int, params: OrderParams) -> str:
     """The log line of one epoch's order: dataset positions in sampling order and each one's
     predicted response length (tokens, ``-`` when unknown), e.g.
-    ``[npu-rl] length-aware sampler: epoch 1 (20 prompts, batch 10, bucket 8 tok, tail 0): order 3,7,...
+    ``[npu-rl] length-aware sampler: epoch 1 (20 prompts, batch 10, bucket 8 tok, tail 0, shuffled no): order 3,7,...
     predicted 12,15,...``. :func:`parse_epoch_lines` reads it back."""
     preds = ",".join("-" if not np.isfinite(predicted[i]) else str(int(round(predicted[i]))) for i in order)
     return (
         f"[npu-rl] length-aware sampler: epoch {epoch} ({len(order)} prompts, batch {params.batch_size}, "
-        f"bucket {params.bucket_size} tok, tail {tail}): order {','.join(str(int(i)) for i in order)} "
-        f"predicted {preds}"
+        f"bucket {params.bucket_size} tok, tail {tail}, shuffled {'yes' if params.shuffle_batch_blocks else 'no'}): "
+        f"order {','.join(str(int(i)) for i in order)} predicted {preds}"
     )
 
 
-def parse_epoch_lines(text: str) -> dict[int, tuple[list[int], list[float], int, int]]:
-    """{epoch: (order, predicted, batch, bucket)} from the :func:`epoch_line` lines in a log
-    (NaN where the prediction was unknown; a later line for the same epoch wins)."""
+def parse_epoch_lines(text: str) -> dict[int, tuple[list[int], list[float], int, int, bool]]:
+    """{epoch: (order, predicted, batch, bucket, shuffled)} from the :func:`epoch_line` lines in a
+    log (NaN where the prediction was unknown; a later line for the same epoch wins)."""
     import re
 
     out = {}
     pattern = (
-        r"length-aware sampler: epoch (\d+) \(\d+ prompts, batch (\d+), bucket (\d+) tok, tail \d+\): "
-        r"order ([\d,]+) predicted ([\d,\-]+)"
+        r"length-aware sampler: epoch (\d+) \(\d+ prompts, batch (\d+), bucket (\d+) tok, tail \d+, "
+        r"shuffled (yes|no)\): order ([\d,]+) predicted ([\d,\-]+)"
     )
     for m in re.finditer(pattern, text):
-        order = [int(x) for x in m.group(4).split(",")]
-        pred = [float("nan") if x == "-" else float(x) for x in m.group(5).split(",")]
-        out[int(m.group(1))] = (order, pred, int(m.group(2)), int(m.group(3)))
+        order = [int(x) for x in m.group(5).split(",")]
+        pred = [float("nan") if x == "-" else float(x) for x in m.group(6).split(",")]
+        out[int(m.group(1))] = (order, pred, int(m.group(2)), int(m.group(3)), m.group(4) == "yes")
     return out
 
 

@@ -8,7 +8,8 @@ export NNODES=1
 export NPUS_PER_NODE="${NPUS_PER_NODE:-2}"
 export VERL_PLATFORM=cpu
 export VERL_USE_EXTERNAL_MODULES=npu_rl.cpu.platform
-# Ray on a 2-core machine: verl's actors each ask for CPUs; give Ray logical ones.
+# Ray on a 2-core machine: verl's actors each ask for CPUs; give Ray logical ones. If you set
+# RAY_START_ARGS yourself (ports, --temp-dir), keep --num-cpus=16 (or more) in it.
 export RAY_START_ARGS="${RAY_START_ARGS:---num-cpus=16}"
 # Two vLLM replicas share the cores: no thread pinning, one OpenMP thread each.
 export VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-nobind}"

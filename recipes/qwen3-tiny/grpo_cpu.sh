@@ -51,7 +51,7 @@ ALGORITHM=(
     # Two optimizer steps per training step: the second mini-batch's actor/ppo_kl measures how far
     # one update moves the policy, the scale the rollout-vs-actor KL is judged against.
     actor_rollout_ref.actor.ppo_mini_batch_size=5
-    # Micro-batches of 2: the logits of one sequence are 304 x 151,936 floats (185 MB).
+    # Micro-batches of 2: the logits of one sequence are 304 x 151,669 floats (184 MB).
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2
     actor_rollout_ref.actor.strategy=fsdp2
@@ -75,6 +75,9 @@ ROLLOUT=(
     actor_rollout_ref.rollout.free_cache_engine=False
     +actor_rollout_ref.rollout.enable_sleep_mode=False
     actor_rollout_ref.rollout.checkpoint_engine.backend=naive
+    # Each bucket is a shared-memory segment of this size (verl's default 2,048 MB would need a
+    # /dev/shm that big); the tiny model's largest tensor, the embedding, is 78 MB.
+    actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=256
     actor_rollout_ref.rollout.calculate_log_probs=True
 )
 # verl's helper processes (each imports torch and verl: ~0.3-0.6 GB): a handful, not 8 of each.
