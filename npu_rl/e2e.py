@@ -117,7 +117,9 @@ def load(run_dir: Path) -> Evidence:
 
 
 def _on(env: dict[str, str], name: str) -> bool:
-    return env.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+    from npu_rl.features import env_flag  # the project's one reading of a boolean switch
+
+    return env_flag(env, name) is True
 
 
 def check_training(ev: Evidence, min_steps: int) -> None:

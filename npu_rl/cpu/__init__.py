@@ -5,14 +5,25 @@ verl 0.9 selects its device backend through ``verl.plugin.platform`` (a registry
 through ``VERL_USE_EXTERNAL_MODULES``). :mod:`npu_rl.cpu.platform` registers ``cpu``: gloo
 collectives, the FSDP engines, a device module with the memory queries verl makes, shared-memory
 weight transfer (no IPC). It is never auto-detected, and refuses to start on a machine that has
-NPUs (``/dev/davinci<N>`` or an importable ``torch_npu``): there the NPU platform is the only
-right answer.
+NPUs (the launcher's rule: ``/dev/davinci<N>``, else the dies ``npu-smi`` lists): there the NPU
+platform is the only right answer.
 
 The recipe's env script (``recipes/qwen3-tiny/env_cpu.sh``) turns it on with
 ``VERL_USE_EXTERNAL_MODULES=npu_rl.cpu.platform`` and ``VERL_PLATFORM=cpu``.
 """
 
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
 PLATFORM_NAME = "cpu"
+
+
+def cpu_platform_selected(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``VERL_PLATFORM`` (in ``env``, default the process environment) selects this platform."""
+    env = os.environ if env is None else env
+    return env.get("VERL_PLATFORM", "").strip().lower() == PLATFORM_NAME
 
 
 def keep_cpu_linear_weights() -> bool:
@@ -26,6 +37,4 @@ def keep_cpu_linear_weights() -> bool:
     runs ``process_weights_after_loading`` after each sync, which packs the new weights again.
     Costs one extra copy of the linear weights in host memory. Called by vllm patch 0003.
     """
-    import os
-
-    return os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM_NAME
+    return cpu_platform_selected()

@@ -3,7 +3,6 @@ when ``VERL_USE_EXTERNAL_MODULES`` names this module, in the driver and in every
 
 from __future__ import annotations
 
-import os
 import resource
 from contextlib import contextmanager
 from types import ModuleType
@@ -13,7 +12,7 @@ import torch
 from verl.plugin.platform.platform_base import PlatformBase
 from verl.plugin.platform.platform_manager import PlatformRegistry
 
-from npu_rl.cpu import PLATFORM_NAME
+from npu_rl.cpu import PLATFORM_NAME, cpu_platform_selected
 from npu_rl.errors import NpuRlError
 
 # The Ray resource the launcher declares on every node ({"NPU": N}); verl's resource check
@@ -233,18 +232,16 @@ class PlatformCPU(PlatformBase):
 
 
 def _register_engines() -> None:
-    """Register verl's FSDP engines for device ``cpu`` (verl registers them for cuda and npu only)."""
-    import verl.workers.engine  # noqa: F401  (registers the built-in engines)
+    """Register verl's FSDP engines for device ``cpu`` (verl registers them for cuda and npu only),
+    through verl's own ``EngineRegistry.register``."""
     from verl.workers.engine.base import EngineRegistry
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
 
-    for model_type in ("language_model", "value_model"):
-        backends = EngineRegistry._engines.get(model_type, {})
-        for backend in ("fsdp", "fsdp2"):
-            by_device = backends.get(backend, {})
-            if "cpu" not in by_device and "cuda" in by_device:
-                by_device["cpu"] = by_device["cuda"]
+    for model_type, engine in (("language_model", FSDPEngineWithLMHead), ("value_model", FSDPEngineWithValueHead)):
+        if "cpu" not in EngineRegistry._engines.get(model_type, {}).get("fsdp", {}):
+            EngineRegistry.register(model_type=model_type, backend=["fsdp", "fsdp2"], device="cpu")(engine)
 
 
-if os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM_NAME:
+if cpu_platform_selected():
     refuse_on_npu_machine()
     _register_engines()

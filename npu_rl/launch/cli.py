@@ -126,7 +126,9 @@ class Launcher:
     # -- setup ----------------------------------------------------------------------------------------
     def resolve(self, dry_run: bool = False) -> Topology:
         topo = resolve_topology(self.env, dry_run=dry_run)
-        cpu_platform = self.env.get("VERL_PLATFORM", "").strip().lower() == "cpu"
+        from npu_rl.cpu import cpu_platform_selected
+
+        cpu_platform = cpu_platform_selected(self.env)
         if cpu_platform and topo.devices_found:
             # The CPU platform is for machines without NPUs (development, CI); never pick it here.
             raise TopologyError(

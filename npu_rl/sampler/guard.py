@@ -15,7 +15,6 @@ see ``docs/resampler.md`` for what is wired into verl.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from collections.abc import Mapping
@@ -26,8 +25,6 @@ import numpy as np
 from npu_rl.features import env_flag
 
 __all__ = ["ENV", "GuardParams", "LongTailGuard", "ServerGuard", "server_guard", "stragglers_to_abort"]
-
-logger = logging.getLogger(__name__)
 
 ENV = {
     "enable": "VLLM_ROLLOUT_EARLY_STOP_ENABLE",
