@@ -10,6 +10,12 @@ class NpuRlError(Exception):
     exit_code = 1
 
 
+class UsageError(NpuRlError):
+    """A command-line value cannot be used as given (the message names it and the fix)."""
+
+    exit_code = 2
+
+
 class LockError(NpuRlError):
     """sources.lock is missing, malformed, or does not name the requested upstream."""
 

@@ -181,7 +181,10 @@ class Tree:
         try:
             real = self.path / ".git" / "index"
             if seed_from_real and real.exists():
-                shutil.copyfile(real, name)  # keeps the stat cache: hashing only changed files
+                # Keeps the stat cache (only changed files are hashed). copy2 keeps the index's mtime,
+                # which git's racy-entry check needs: a file rewritten in the second it was indexed,
+                # at the same size, is re-hashed only if the index is not newer than it.
+                shutil.copy2(real, name)
             else:
                 os.unlink(name)
             return fn({"GIT_INDEX_FILE": name})

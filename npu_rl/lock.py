@@ -22,7 +22,7 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _ARCHIVE_SUFFIXES = (".tar.gz", ".zip", ".whl")
 
 _UPSTREAM_KEYS = {"name", "version", "git", "ref", "commit", "patch_root", "paths", "note", "pypi"}
-_REQUIRED_KEYS = {"name", "version", "git", "ref", "commit"}
+_REQUIRED_KEYS = {"name", "version", "git", "ref"}
 _PYPI_KEYS = {"project", "filename", "sha256"}
 _ARTIFACT_KEYS = {"name", "version", "used_for", "note", "pypi"}
 
@@ -44,7 +44,7 @@ class Upstream:
     version: str
     git: str
     ref: str
-    commit: str
+    commit: str  # "" only for an index archive whose tag could not be resolved (the note says why)
     patch_root: str = "."
     paths: tuple[str, ...] = ()
     note: str = ""
@@ -54,10 +54,14 @@ class Upstream:
     def identity(self) -> str:
         """The string recorded in a tree's baseline commit: what the tree is, independent of
         whether it was built from the index archive or from git."""
+        if not self.commit:  # an index-only pin: the archive's digest is what the tree is
+            return f"{self.name} {self.version} sha256:{self.pypi.sha256[:16]}"
         return f"{self.name} {self.version} {self.commit}"
 
     def sources(self) -> tuple[str, ...]:
         """The sources this upstream can be built from, preferred first ('pypi', 'git')."""
+        if not self.commit:
+            return ("pypi",)
         return ("pypi", "git") if self.pypi else ("git",)
 
 
@@ -149,9 +153,14 @@ def _parse_upstream(path: Path, index: int, table: dict) -> Upstream:
             raise LockError(f"{where}: key {key!r} must be a string, got {table[key]!r}")
     if not _NAME_RE.match(table["name"]):
         raise LockError(f"{where}: name {table['name']!r} must be lower case letters, digits and '-'")
-    if not _SHA1_RE.match(table["commit"]):
-        raise LockError(f"{where}: commit {table['commit']!r} must be a full 40-hex-digit SHA")
     pypi = _parse_pypi(where, table["pypi"]) if "pypi" in table else None
+    if "commit" not in table:
+        if pypi is None:
+            raise LockError(f"{where}: missing key commit (a git-only upstream needs its full commit SHA)")
+        if "commit" not in table.get("note", "").lower():
+            raise LockError(f"{where}: has no commit; its note must say why the tag's commit was not resolved")
+    elif not _SHA1_RE.match(table["commit"]):
+        raise LockError(f"{where}: commit {table['commit']!r} must be a full 40-hex-digit SHA")
     paths = table.get("paths", [])
     if not isinstance(paths, list) or not all(isinstance(x, str) and x and not x.startswith("/") for x in paths):
         raise LockError(f"{where}: paths must be a list of relative paths, got {paths!r}")
@@ -160,7 +169,7 @@ def _parse_upstream(path: Path, index: int, table: dict) -> Upstream:
         version=table["version"],
         git=table["git"],
         ref=table["ref"],
-        commit=table["commit"],
+        commit=table.get("commit", ""),
         patch_root=table.get("patch_root", "."),
         paths=tuple(paths),
         note=table.get("note", ""),
@@ -209,7 +218,8 @@ def stack_table(lock: Lock) -> str:
     rows = ["| upstream | version | git ref | commit | index archive (sha256) |", "|---|---|---|---|---|"]
     for up in lock.upstreams.values():
         archive = f"`{up.pypi.filename}` (`{up.pypi.sha256[:16]}…`)" if up.pypi else "none: git only"
-        rows.append(f"| {up.name} | {up.version} | `{up.ref}` | `{up.commit[:12]}` | {archive} |")
+        commit = f"`{up.commit[:12]}`" if up.commit else "not resolved (see the lock note)"
+        rows.append(f"| {up.name} | {up.version} | `{up.ref}` | {commit} | {archive} |")
     for art in lock.artifacts.values():
         rows.append(
             f"| {art.name} ({art.used_for or 'artifact'}) | {art.version} | – | – | "

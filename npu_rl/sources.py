@@ -26,7 +26,7 @@ from pathlib import Path
 from npu_rl import REPO_ROOT
 from npu_rl.errors import DigestError, LockError, NpuRlError, SourceError, SourceUnreachable, TreeStateError
 from npu_rl.gittree import IDENTITY_TRAILER, SOURCE_TRAILER, Tree, git, git_error_text, gitpython, init_baseline
-from npu_rl.lock import Artifact, Lock, Upstream, load_lock
+from npu_rl.lock import Artifact, Lock, PypiArchive, Upstream, load_lock
 from npu_rl.table import format_table
 
 CHUNK = 1 << 20
@@ -151,6 +151,55 @@ class Downloader:
         os.replace(part, final)
         return final, "re-downloaded" if again else "downloaded"
 
+    def fetch_release(self, name: str, project: str, filename: str) -> tuple[Path, str, str]:
+        """Fetch a release archive that the lock does not pin yet (``bump``): return its path in
+        the cache, its sha256 computed from the bytes on disk, and how it got there.
+
+        The file must be listed by the index for ``project``; where the index publishes a sha256
+        for it (PEP 503 ``#sha256=``), the download must match it (else deleted, DigestError).
+
+        Raises:
+            SourceUnreachable: the index cannot be read. SourceError: the file is not listed
+            (the message lists the archives the index has for the project's versions nearby).
+        """
+        try:
+            page = self._pypi().get_project_page(project)
+        except Exception as exc:  # noqa: BLE001 - requests/pypi_simple raise many kinds
+            raise SourceUnreachable(
+                f"{name}: cannot read project {project!r} from {self._index_label()}: {exc}"
+            ) from None
+        matches = [p for p in page.packages if p.filename == filename]
+        if not matches:
+            listed = sorted(p.filename for p in page.packages if p.filename.endswith((".tar.gz", ".zip")))[-8:]
+            raise SourceError(
+                f"{name}: {self._index_label()} does not list {filename} for project {project!r} "
+                f"(archives it lists, newest names last: {', '.join(listed) or 'none'}); "
+                "check the version, or name the file with --filename"
+            )
+        published = (matches[0].digests or {}).get("sha256")
+        self.archives.mkdir(parents=True, exist_ok=True)
+        final = self.archives / filename
+        how = "cached"
+        if final.exists() and published and sha256_of(final) != published:
+            self.log(f"{name}: cached {filename} does not match the index's sha256; fetching it again")
+            final.unlink()
+        if not final.exists():
+            part = final.with_name(final.name + ".part")
+            if part.exists():
+                part.unlink()
+            up = Upstream(name, "?", "", "", "", pypi=PypiArchive(project, filename, "0" * 64))
+            self._download(up, part)
+            got = sha256_of(part)
+            if published and got != published:
+                part.unlink()
+                raise DigestError(
+                    f"{name}: {filename} from {self._index_label()} has sha256 {got}, but the index "
+                    f"publishes {published} for it; the file was deleted (a broken mirror or transfer)"
+                )
+            os.replace(part, final)
+            how = "downloaded"
+        return final, sha256_of(final), how
+
     def _index_label(self) -> str:
         return self.index_url or "the default package index"
 
@@ -242,6 +291,11 @@ def build_from_git(up: Upstream, dest: Path, force: bool) -> None:
         SourceUnreachable: the repository cannot be reached (network, DNS, missing path).
         DigestError: the repository does not have the locked commit.
     """
+    if not up.commit:
+        raise SourceUnreachable(
+            f"{up.name} {up.version}: sources.lock records no commit for this release (see its note), "
+            "so it can only come from the package index (--from pypi)"
+        )
     with tempfile.TemporaryDirectory(prefix=f".{up.name}.tmp-", dir=dest) as tmp:
         clone = Path(tmp) / "clone"
         clone.mkdir()

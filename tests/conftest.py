@@ -7,6 +7,7 @@ machine is configured for; trees are built once per session and copied per test.
 from __future__ import annotations
 
 import functools
+import hashlib
 import http.server
 import importlib.util
 import os
@@ -121,8 +122,9 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
 def local_index(tmp_path):
     """A PEP 503 simple index on 127.0.0.1 serving files we put in it.
 
-    Returns an object with ``add(project, file_path, served_name=None)``, ``url`` and
-    ``requests`` (paths requested so far).
+    Returns an object with ``add(project, file_path, served_name=None, publish_sha256=False)``,
+    ``url`` and ``requests`` (paths requested so far). ``publish_sha256`` adds the PEP 503
+    ``#sha256=`` fragment of the file's digest to its link, as real indexes do.
     """
     root = tmp_path / "index"
     (root / "simple").mkdir(parents=True)
@@ -131,17 +133,24 @@ def local_index(tmp_path):
     server.requests_seen = []
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
+    digests: dict[str, str] = {}
 
     class Index:
         url = f"http://127.0.0.1:{server.server_address[1]}/simple/"
         requests = server.requests_seen
 
-        def add(self, project: str, file_path: Path, served_name: str | None = None) -> None:
+        def add(self, project: str, file_path: Path, served_name: str | None = None, publish_sha256=False) -> None:
             name = served_name or file_path.name
             shutil.copyfile(file_path, root / "files" / name)
+            if publish_sha256:
+                digests[name] = hashlib.sha256(file_path.read_bytes()).hexdigest()
             page = root / "simple" / project
             page.mkdir(exist_ok=True)
-            links = [f'<a href="../../files/{n.name}">{n.name}</a><br>' for n in sorted((root / "files").iterdir())]
+            frag = {n: f"#sha256={d}" for n, d in digests.items()}
+            links = [
+                f'<a href="../../files/{n.name}{frag.get(n.name, "")}">{n.name}</a><br>'
+                for n in sorted((root / "files").iterdir())
+            ]
             (page / "index.html").write_text("<!DOCTYPE html><html><body>" + "".join(links) + "</body></html>")
 
     yield Index()

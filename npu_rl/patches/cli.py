@@ -22,6 +22,7 @@ EXIT_CODES = """exit codes:
   3  a tree is missing, at another pin, modified by hand or partially patched: refused, untouched
   4  the series or sources.lock is malformed (naming, order, header, missing file)
   5  a tree did not reach the expected state after apply/revert (rolled back where possible)
+  6  bump: upstream already contains some patches; rerun with --drop NAME... to confirm dropping them
 """
 
 
@@ -67,6 +68,28 @@ def build_maintainer_parser() -> argparse.ArgumentParser:
     x = sub.add_parser("export", help="write the commits on top of sources/NAME's baseline back as its series")
     x.add_argument("name")
     _common(x)
+    b = sub.add_parser(
+        "bump",
+        help="move upstream NAME to release VERSION: resolve, stage, replay the series (3-way), switch; resumable",
+        description="Move one upstream to a new release, all or nothing (docs/maintaining.md). A conflict or a "
+        "patch upstream already contains stops the bump with the old pin untouched; fix it as the message says "
+        "and run the same command again. A bump to the pinned version is a no-op.",
+    )
+    b.add_argument("name")
+    b.add_argument("version", help="the new release (PEP 440), e.g. 0.9.1")
+    b.add_argument("--ref", help="git tag or branch of the release (default: the old ref with the version replaced)")
+    b.add_argument("--filename", help="index archive name (default: the old one with the version replaced)")
+    b.add_argument("--git-url", help="resolve the ref in this repository (a mirror) instead of the lock's git")
+    c = b.add_mutually_exclusive_group()
+    c.add_argument("--commit", help="the release's full commit SHA, when no repository can be reached")
+    c.add_argument(
+        "--no-commit",
+        action="store_true",
+        help="index archives only: pin the archive without a commit when none can be resolved (the note says why)",
+    )
+    b.add_argument("--drop", nargs="+", default=[], metavar="PATCH", help="drop these patches (file names)")
+    b.add_argument("--abort", action="store_true", help="delete the staged bump; the old pin stays")
+    _common(b)
     t = sub.add_parser("tests", help="print the upstream test paths named by the patches' Tests: fields")
     t.add_argument("--only", nargs="+", metavar="NAME")
     _common(t)
@@ -85,9 +108,27 @@ def _print_status(rows: list[engine.StatusRow]) -> None:
     print(format_table(head, [(r.name, r.version, r.source, r.baseline, r.applied, r.digest) for r in rows]))
 
 
+def _bump(args, sources: Path, patches_dir: Path | None) -> int:
+    from npu_rl.lock import LOCK_PATH
+    from npu_rl.patches.bump import BumpOptions, bump
+
+    lock_path = args.lock.resolve() if args.lock else LOCK_PATH
+    opts = BumpOptions(
+        ref=args.ref,
+        filename=args.filename,
+        git_url=args.git_url,
+        commit=args.commit,
+        no_commit=args.no_commit,
+        drop=tuple(args.drop),
+        abort=args.abort,
+    )
+    bump(args.name, args.version, sources, patches_dir, lock_path, lock_path.parent / "README.md", opts)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    maintainer = bool(argv) and argv[0] in ("edit", "export", "tests")
+    maintainer = bool(argv) and argv[0] in ("edit", "export", "tests", "bump")
     parser = build_maintainer_parser() if maintainer else build_parser()
     args = parser.parse_args(argv)
     if not maintainer and args.force and not args.revert:
@@ -96,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     patches_dir = args.patches.resolve() if args.patches else None
     started = time.monotonic()
     try:
+        if maintainer and args.command == "bump":
+            return _bump(args, sources, patches_dir)
         lock = load_lock(args.lock)
         if maintainer:
             if args.command == "tests":

@@ -122,6 +122,17 @@ def inspect(
     return plan
 
 
+def _refuse_pending_bump(sources_dir: Path, name: str) -> None:
+    from npu_rl.patches.bump import pending_switch
+
+    version = pending_switch(sources_dir, name)
+    if version:
+        raise TreeStateError(
+            f"a bump of {name} to {version} was interrupted while switching the series, the tree and "
+            f"sources.lock; finish it with 'bash apply_all_patches.sh bump {name} {version}'"
+        )
+
+
 def _commit_count(t: Tree) -> int:
     return int(git(t.path, "rev-list", "--count", f"refs/tags/{BASELINE_TAG}..HEAD"))
 
@@ -137,6 +148,7 @@ def _plans(
     """Inspect every selected tree; refuse (TreeStateError listing all problems) before touching any."""
     plans, problems = [], []
     for up in select(lock, names):
+        _refuse_pending_bump(sources_dir, up.name)
         series = load_series(up.name, patches_dir)
         if not series.patches:
             if names:  # asked for by name: say why nothing happens
@@ -224,6 +236,7 @@ def revert(
     """
     plans, problems = [], []
     for up in select(lock, names):
+        _refuse_pending_bump(sources_dir, up.name)
         plan = inspect(up, sources_dir, patches_dir, dry_run=False)
         if plan.state == MISSING:
             continue

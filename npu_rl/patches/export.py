@@ -4,7 +4,9 @@
 becomes the commit message), so a developer changes upstream code with ordinary git (amend,
 ``rebase -i``, new commits). ``export NAME`` writes the commits ``upstream..HEAD`` back to
 ``patches/<NAME>/`` as ``NNNN-<NAME>-<kind>-<name>.patch`` plus ``series``. A round trip with
-no edits reproduces the patch files byte for byte.
+no edits reproduces the patch files byte for byte. A patch keeps its number while its kind and
+name stay and the order allows it (dropping patch 0001 leaves 0002 as 0002, so the names other
+files cite stay valid); new or reordered patches are numbered after the one before them.
 
 A commit message is the patch header without the ``Subject:`` prefix::
 
@@ -86,8 +88,31 @@ def edit(up: Upstream, sources_dir: Path, patches_dir: Path | None = None, log=p
     return plan.n
 
 
-def export(up: Upstream, sources_dir: Path, patches_dir: Path | None = None, log=print) -> list[Path]:
+def number_patches(keys: list[tuple[str, str]], known: dict[tuple[str, str], int]) -> list[int]:
+    """Numbers for patches ``keys`` = [(kind, slug), ...] in series order.
+
+    A patch whose (kind, slug) has a number in ``known`` keeps it if that is above the number
+    before it and not taken; otherwise it gets the previous number + 1. Result strictly increases.
+    """
+    numbers: list[int] = []
+    for key in keys:
+        last = numbers[-1] if numbers else 0
+        want = known.get(key)
+        numbers.append(want if want is not None and want > last else last + 1)
+    return numbers
+
+
+def export(
+    up: Upstream,
+    sources_dir: Path,
+    patches_dir: Path | None = None,
+    log=print,
+    numbers_from: Path | None = None,
+) -> list[Path]:
     """Write ``upstream..HEAD`` of ``sources/<name>`` as the series of ``patches/<name>/``.
+
+    Patch numbers are kept from the series in ``numbers_from`` (default: the one being replaced,
+    see :func:`number_patches`).
 
     The new files are written to a temporary folder and validated (names, headers, a series
     that applies to the baseline) before the old series is replaced.
@@ -103,13 +128,22 @@ def export(up: Upstream, sources_dir: Path, patches_dir: Path | None = None, log
     if not commits:
         raise TreeStateError(f"{tree} has no commits on top of '{BASELINE_TAG}': nothing to export")
     out_dir = (patches_dir or PATCHES_DIR) / up.name
+    known: dict[tuple[str, str], int] = {}
+    try:
+        old = load_series(up.name, numbers_from or out_dir.parent)
+        known = {(p.kind, p.slug): p.number for p in old.patches}
+    except SeriesError:
+        pass  # a broken old series only costs its numbers
+    parsed = []
+    for sha in commits:
+        message = git(tree, "log", "-1", "--format=%B", sha, strip=False)
+        parsed.append((sha, *message_to_header(message, f"commit {sha[:12]} of {tree}")))
+    numbers = number_patches([(kind, slug) for _, _, kind, slug in parsed], known)
     with tempfile.TemporaryDirectory(prefix="npu_rl-export-") as tmp:
         staging = Path(tmp) / up.name
         staging.mkdir()
         names = []
-        for i, sha in enumerate(commits, 1):
-            message = git(tree, "log", "-1", "--format=%B", sha, strip=False)
-            header, kind, slug = message_to_header(message, f"commit {sha[:12]} of {tree}")
+        for number, (sha, header, kind, slug) in zip(numbers, parsed, strict=True):
             diff = git(
                 tree,
                 "-c",
@@ -123,7 +157,7 @@ def export(up: Upstream, sources_dir: Path, patches_dir: Path | None = None, log
                 sha,
                 strip=False,
             )
-            name = f"{i:04d}-{up.name}-{kind}-{slug}.patch"
+            name = f"{number:04d}-{up.name}-{kind}-{slug}.patch"
             (staging / name).write_text(header + "---\n" + diff, encoding="utf-8")
             load_patch(staging / name, up.name)  # validates what we wrote
             names.append(name)
