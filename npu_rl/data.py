@@ -1,4 +1,4 @@
-"""Turn math/reasoning datasets into the parquet layout verl 0.9.0's ``RLHFDataset`` reads.
+"""Turn math/reasoning datasets into the parquet layout verl 0.9.1's ``RLHFDataset`` reads.
 
 Each row: ``data_source`` (chooses verl's reward function, ``verl/utils/reward_score/__init__.py``
 ``default_compute_score``), ``prompt`` (chat messages; verl applies the tokenizer's chat template),

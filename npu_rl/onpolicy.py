@@ -1,6 +1,6 @@
 """Skip the old-log-prob recompute for exactly on-policy updates (``recompute_old_log_prob=false``).
 
-verl 0.9.0 runs a full forward pass over every trajectory before the update to get ``old_log_probs``
+verl 0.9.1 runs a full forward pass over every trajectory before the update to get ``old_log_probs``
 (``PPOTrainer._compute_old_log_prob`` in ``verl/trainer/ppo/v1/trainer_base.py``, and
 ``RayPPOTrainer.fit`` in ``verl/trainer/ppo/ray_trainer.py``). When the update is one optimizer step
 over the whole batch with the weights that the forward pass would use, ``old_log_probs`` equals
@@ -23,7 +23,7 @@ Valid only when nothing else reads ``old_log_probs`` and the anchor equals the c
 - ``algorithm.use_kl_in_reward=false`` (``apply_kl_penalty`` reads ``old_log_probs`` before the update);
 - ``algorithm.rollout_correction.rollout_is/rollout_rs`` null and ``bypass_mode`` false (importance
   weights / rejection use ``old_log_probs``; bypass mode replaces them with the rollout's);
-- an advantage estimator whose function takes ``old_log_probs`` (in verl 0.9.0
+- an advantage estimator whose function takes ``old_log_probs`` (in verl 0.9.1
   ``optimal_token_baseline`` and ``tir_optimal_token_baseline``; found by signature, so estimators
   registered later are judged the same way);
 - ``distillation.enabled=false`` (the distillation loss reads ``old_log_probs``).

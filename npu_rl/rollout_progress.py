@@ -1,6 +1,6 @@
 """Rollout progress from the trainer process: a progress bar on a terminal, a periodic line in logs.
 
-On a two-hour rollout nothing tells a slow step from a hang. verl 0.9.0's V1 trainer waits for
+On a two-hour rollout nothing tells a slow step from a hang. verl 0.9.1's V1 trainer waits for
 generation in ``ReplayBuffer.sample`` (``verl/trainer/ppo/v1/replay_buffer.py``), which re-reads the
 TransferQueue tags every ``poll_interval`` (2 s) through ``_sync_metadata_from_transfer_queue``: prompt
 groups with status pending/running/finished/failure and one tag per finished trajectory (with

@@ -333,13 +333,27 @@ def test_log_prob_token_budget_must_hold_the_longest_trajectory():
     )
 
 
-def test_plain_dicts_take_plus_keys_with_a_warning_and_mindspeed_keys_are_not_judged_by_megatron():
+def test_plain_dicts_take_plus_keys_with_a_warning_and_the_removed_mindspeed_engine_names_its_successor():
     r = check("+ray_kwargs.ray_init.runtime_env.env_vars.HCCL_BUFFSIZE=512")
     assert r.ok and any(w.key.startswith("ray_kwargs.ray_init.runtime_env") for w in r.report.warnings)
     ms = [a.replace("megatron", "mindspeed") for a in BASE]
-    r = check("+actor_rollout_ref.actor.mindspeed.override_transformer_config.use_fused_rmsnorm=true", base=ms)
-    assert "actor_rollout_ref.actor.mindspeed.override_transformer_config.use_fused_rmsnorm" not in errors(r)
-    assert "needs megatron.training and mindspeed_llm" in errors(r)["model_engine"].message  # the engine itself
+    r = check(base=ms)  # verl 0.9.1 removed model_engine=mindspeed: Hydra cannot compose it
+    e = errors(r)["model_engine"]
+    assert "model_engine=mindspeed does not exist in the pinned verl" in e.message
+    assert "use model_engine=megatron" in e.fix
+
+
+def test_keys_verl_removed_or_moved_name_what_replaced_them():
+    e = errors(check("actor_rollout_ref.actor.megatron.grad_offload=True"))
+    assert (
+        "megatron.param_offload=True now also releases the gradient buffers"
+        in e["actor_rollout_ref.actor.megatron.grad_offload"].fix
+    )
+    e = errors(check("actor_rollout_ref.actor.router_replay.mode=R3"))  # moved under the engine in 0.9.1
+    assert (
+        "did you mean actor_rollout_ref.actor.megatron.router_replay.mode"
+        in e["actor_rollout_ref.actor.router_replay.mode"].fix
+    )
 
 
 def test_launcher_flags_anywhere_and_usage_errors():

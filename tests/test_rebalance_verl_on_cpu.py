@@ -102,13 +102,13 @@ def manager(monkeypatch):
 
 def test_switch_off_is_upstream(manager):
     m, rec = manager({})
-    assert m._load_balancer_cls is llm_server.GlobalRequestLoadBalancer
+    assert m._load_balancer_cls is None  # verl 0.9.1: its router picks the strategy (router_config_path)
     assert rec.cls is llm_server.GlobalRequestLoadBalancer and rec.options is None
     assert m.global_load_balancer[2]["full_determinism"] is False
     assert type(m.get_client()) is llm_server.LLMServerClient
     assert type(m.get_client(client_cls=llm_server.FullyAsyncLLMServerClient)) is llm_server.FullyAsyncLLMServerClient
     m, rec = manager({"ROLLOUT_REBALANCE_ENABLE": "0"})
-    assert m._load_balancer_cls is llm_server.GlobalRequestLoadBalancer and rec.options is None
+    assert m._load_balancer_cls is None and rec.options is None
 
 
 def test_switch_on_wires_ours(manager):
@@ -125,8 +125,9 @@ def test_switch_on_wires_ours(manager):
     # a balancer passed in by the caller wins; full_determinism keeps verl's hash routing
     m2 = new_manager(config(), load_balancer_cls=llm_server.GlobalRequestLoadBalancer)
     assert m2._load_balancer_cls is llm_server.GlobalRequestLoadBalancer
-    m3, _ = manager({"ROLLOUT_REBALANCE_ENABLE": "1"}, config(full_determinism=True))
-    assert m3._load_balancer_cls is llm_server.GlobalRequestLoadBalancer
+    m3, rec3 = manager({"ROLLOUT_REBALANCE_ENABLE": "1"}, config(full_determinism=True))
+    assert m3._load_balancer_cls is None and rec3.cls is llm_server.GlobalRequestLoadBalancer
+    assert m3.global_load_balancer[2]["full_determinism"] is True
 
 
 def test_bad_switch_values_name_the_variable(monkeypatch):

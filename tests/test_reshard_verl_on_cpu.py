@@ -213,6 +213,9 @@ def test_update_weights_passes_the_rollout_layout_only_when_switched_on(monkeypa
 
     for name in ("set_expandable_segments", "aggressive_empty_cache", "log_gpu_memory_usage"):
         monkeypatch.setattr(ew, name, lambda *a, **k: None)  # device-memory helpers
+    # verl 0.9.1 synchronises and empties the device cache after the sync: no accelerator here
+    device = types.SimpleNamespace(synchronize=lambda *a: None, empty_cache=lambda: None)
+    monkeypatch.setattr(ew, "get_torch_device", lambda: device)
     calls, loaded = [], []
 
     class Engine:

@@ -17,24 +17,35 @@ def test_repository_series_are_valid(lock):
             assert all(f for f in p.files)
 
 
-def test_first_patch_is_the_hccl_backport():
-    series = load_series("verl")
-    first = series.patches[0]
-    assert first.name == "0001-verl-bugfix-hccl-weight-update-broadcast.patch"
-    assert first.files == ("verl/checkpoint_engine/hccl_checkpoint_engine.py",)
-    assert "7487" in first.meta["Upstream"]
-    assert first.tests  # CI runs the upstream tests it names
+def first_patch(patches):
+    """The first patch file of the verl series in ``patches`` (its number is whatever the series says)."""
+    return patches / "verl" / load_series("verl", patches).patches[0].name
+
+
+def test_export_keeps_numbers_and_renumbers_only_what_moved():
+    from npu_rl.patches.export import number_patches
+
+    known = {("bugfix", "a"): 1, ("feature", "b"): 2, ("feature", "c"): 3}
+    # 0001 dropped (contained upstream): the others keep 0002 and 0003
+    assert number_patches([("feature", "b"), ("feature", "c")], known) == [2, 3]
+    # a new patch between them takes the next number; the one after it moves up
+    assert number_patches([("feature", "b"), ("bugfix", "new"), ("feature", "c")], known) == [2, 3, 4]
+    # reordered: numbers must still increase along the series
+    assert number_patches([("feature", "c"), ("feature", "b")], known) == [3, 4]
+    # a kind change is a different patch
+    assert number_patches([("feature", "a")], known) == [1]
+    assert number_patches([("bugfix", "b")], known) == [1]
 
 
 def test_unlisted_patch_is_refused(series_copy):
-    src = next((series_copy / "verl").glob("0001-*.patch"))
-    shutil.copyfile(src, series_copy / "verl" / "0002-verl-feature-extra.patch")
-    with pytest.raises(SeriesError, match="does not list 0002-verl-feature-extra.patch"):
+    src = first_patch(series_copy)
+    shutil.copyfile(src, series_copy / "verl" / "0099-verl-feature-extra.patch")
+    with pytest.raises(SeriesError, match="does not list 0099-verl-feature-extra.patch"):
         load_series("verl", series_copy)
 
 
 def test_bad_name_is_refused(one_patch_series):
-    src = next((one_patch_series / "verl").glob("0001-*.patch"))
+    src = first_patch(one_patch_series)
     src.rename(one_patch_series / "verl" / "1-verl-fix.patch")
     (one_patch_series / "verl" / "series").write_text("1-verl-fix.patch\n")
     with pytest.raises(SeriesError, match="NNNN-verl-<feature|bugfix>-<name>.patch"):
@@ -44,17 +55,17 @@ def test_bad_name_is_refused(one_patch_series):
 def test_order_must_follow_numbers(one_patch_series):
     series_copy = one_patch_series
     d = series_copy / "verl"
-    src = next(d.glob("0001-*.patch"))
+    src = first_patch(series_copy)
     data = src.read_text()
-    (d / "0003-verl-bugfix-a.patch").write_text(data)
-    (d / "0002-verl-bugfix-b.patch").write_text(data)
-    (d / "series").write_text(f"{src.name}\n0003-verl-bugfix-a.patch\n0002-verl-bugfix-b.patch\n")
-    with pytest.raises(SeriesError, match="0002-verl-bugfix-b.patch comes after 0003"):
+    (d / "0098-verl-feature-a.patch").write_text(data)
+    (d / "0097-verl-feature-b.patch").write_text(data)
+    (d / "series").write_text(f"{src.name}\n0098-verl-feature-a.patch\n0097-verl-feature-b.patch\n")
+    with pytest.raises(SeriesError, match="0097-verl-feature-b.patch comes after 0098"):
         load_series("verl", series_copy)
 
 
 def test_missing_header_field_is_named(series_copy):
-    src = next((series_copy / "verl").glob("0001-*.patch"))
+    src = first_patch(series_copy)
     text = "\n".join(line for line in src.read_text().split("\n") if not line.startswith("Switch:"))
     src.write_text(text)
     with pytest.raises(SeriesError, match="missing Switch"):

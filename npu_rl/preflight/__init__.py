@@ -92,7 +92,6 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     roll = checks.rollout_layout(cfg)
     npus_per_node = int(env.get("NPUS_PER_NODE") or sel(cfg, "trainer.n_gpus_per_node", 8))
     checks.check_batches(cfg, lay, report)
-    checks.check_engine_available(cfg, report)
     checks.check_reward_and_dapo(cfg, report)
     _verl_validate(cfg, report, cli.injected)
     node_env = json.loads(env["NPU_RL_NODE_FEATURE_ENV"]) if env.get("NPU_RL_NODE_FEATURE_ENV") else None

@@ -541,20 +541,6 @@ def check_random_init(cfg, report: Report) -> None:
     report.warn("NPU_RL_RANDOM_INIT", "random init: rewards and accuracy are meaningless; measure throughput only")
 
 
-def check_engine_available(cfg, report: Report) -> None:
-    """verl 0.9.0's ``model_engine=mindspeed`` (strategy ``mindspeed_megatron``) builds the model with
-    ``megatron.training`` and ``mindspeed_llm``, which the pinned stack does not ship (megatron-core
-    has only ``megatron/core``). On NPU, ``model_engine=megatron`` already runs through MindSpeed
-    (verl registers ``MindspeedEngineWithLMHead`` for the megatron backend on NPU)."""
-    if str(sel(cfg, f"{A}.strategy", "")) == "mindspeed":
-        report.error(
-            "model_engine",
-            "mindspeed selects verl's MindSpeed-Megatron engine, which needs megatron.training and mindspeed_llm "
-            "(not in the pinned stack) and ignores override_transformer_config",
-            "use model_engine=megatron and actor_rollout_ref.actor.megatron.* (on NPU verl runs it through MindSpeed)",
-        )
-
-
 def registered_reward_managers() -> set[str]:
     """Names registered with ``@register("...")`` in the installed verl's reward managers (read, not imported)."""
     import verl
@@ -568,7 +554,7 @@ def registered_reward_managers() -> set[str]:
 
 
 def check_reward_and_dapo(cfg, report: Report) -> None:
-    """Reward manager name exists; DAPO dynamic sampling as verl 0.9.0's V1 trainer reads it
+    """Reward manager name exists; DAPO dynamic sampling as verl 0.9.1's V1 trainer reads it
     (``trainer_base.py``: ``data.gen_batch_size`` forced to 1, ``max_num_gen_batches`` ignored,
     ``max_inflight_gen_batches`` bounds the concurrent generation batches, a metric is required)."""
     key = "reward.reward_manager.name"
@@ -597,6 +583,6 @@ def check_reward_and_dapo(cfg, report: Report) -> None:
     if int(sel(cfg, f"{fg}.max_num_gen_batches", 0) or 0) > 0:
         report.warn(
             f"{fg}.max_num_gen_batches",
-            "is ignored by verl 0.9.0's V1 trainer",
+            "is ignored by verl 0.9.1's V1 trainer",
             f"bound concurrent generation with {fg}.max_inflight_gen_batches",
         )

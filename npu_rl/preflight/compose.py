@@ -9,6 +9,7 @@ dicts are checked against the schema of the library that reads them (vLLM, megat
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,7 +146,12 @@ def check_overrides(cli: Cli, report: Report) -> list[str]:
         with initialize_config_dir(config_dir=str(cli.config_dir), version_base=None):
             base = compose(cli.config_name, overrides=groups)
     except Exception as e:  # noqa: BLE001
-        report.error(" ".join(groups) or cli.config_name, f"verl's config does not compose: {e}")
+        m = re.search(r"Could not find '([\w-]+)/([\w-]+)'", str(e))
+        removed = REMOVED_UPSTREAM.get(f"{m.group(1)}={m.group(2)}") if m else None
+        if removed:
+            report.error(m.group(1), f"{m.group(1)}={m.group(2)} does not exist in the pinned verl", removed)
+        else:
+            report.error(" ".join(groups) or cli.config_name, f"verl's config does not compose: {e}")
         return []
     tree = _container(base)
 
@@ -362,7 +368,22 @@ def _value_text(raw: str) -> str:
     return raw.split("=", 1)[1] if "=" in raw else ""
 
 
+#: Keys the pinned verl removed without a successor (the ones it moved are found by ``suggest`` /
+#: ``same_leaf`` in its own config). From the diff of the generated trainer yamls of verl 0.9.0 and
+#: 0.9.1 (docs/maintaining.md); matched as a key's tail.
+REMOVED_UPSTREAM = {
+    "megatron.grad_offload": "verl 0.9.1 removed it: megatron.param_offload=True now also releases the "
+    "gradient buffers while the engine is idle; delete the key",
+    "data.continuous_token": "verl 0.9.1 removed data.continuous_token.* (no successor); delete the key",
+    "model_engine=mindspeed": "verl 0.9.1 removed the MindSpeed-Megatron engine: use model_engine=megatron and "
+    "actor_rollout_ref.actor.megatron.* (on NPU verl runs the megatron engine through MindSpeed)",
+}
+
+
 def _fix_unknown(tree: dict, key: str, alternates: _Alternates | None = None) -> str:
+    for tail, why in REMOVED_UPSTREAM.items():
+        if key == tail or key.endswith("." + tail) or f".{tail}." in f".{key}." or key.startswith(tail + "."):
+            return why
     s = suggest(tree, key)
     if s:
         return f"did you mean {s}?"

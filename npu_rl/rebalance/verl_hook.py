@@ -53,6 +53,19 @@ def actor_options(lb_cls: type) -> dict[str, Any]:
     return {"max_concurrency": MAX_CONCURRENCY} if is_rebalance(lb_cls) else {}
 
 
+def start_balancer(lb_cls: type | None, servers: dict[str, Any]) -> Any | None:
+    """Start our balancer as a Ray actor (with :func:`actor_options`) over ``servers``
+    (``{address: server actor handle}``); None when ``lb_cls`` is not ours, and verl's router
+    (``verl.workers.rollout.router.get_router_handle``) starts its own as upstream does."""
+    if not is_rebalance(lb_cls):
+        return None
+    import ray
+    from verl.workers.rollout.router import DEFAULT_ROUTING_CACHE_SIZE
+
+    remote_cls = ray.remote(lb_cls).options(**actor_options(lb_cls))
+    return remote_cls.remote(servers=servers, max_cache_size=DEFAULT_ROUTING_CACHE_SIZE)
+
+
 def client_cls(base: type, lb_cls: type | None) -> type:
     """verl's client class, with :class:`~npu_rl.rebalance.verl_lb.RebalanceClientMixin` in front when
     the balancer is ours; ``base`` itself otherwise."""
@@ -82,7 +95,7 @@ def step_metrics(manager: Any, wait_idle_s: float = 2.0) -> dict[str, float]:
 def server_max_concurrency(config: Any, default: int) -> int:
     """Concurrent calls a rollout server actor accepts (verl: ``max(1000, max_num_seqs + 16)``).
 
-    verl 0.9.0 sends every request of a replica to its node-0 server, whose Ray actor runs at most
+    verl 0.9.1 sends every request of a replica to its node-0 server, whose Ray actor runs at most
     ``max(1000, max_num_seqs + 16)`` calls at once; with ``data_parallel_size`` DP ranks behind it
     (TP4 x DP32: 32 x 256 = 8192 slots) only ~1000 requests reach vLLM and the rest wait in Ray's
     queue, ~30 per DP rank. With the switch on, the dispatcher chooses every request's DP rank and

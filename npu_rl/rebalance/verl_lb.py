@@ -1,6 +1,6 @@
-"""verl 0.9.0 glue: the load-balancer actor and the client mixin that put the dispatcher in the path.
+"""verl 0.9.1 glue: the load-balancer actor and the client mixin that put the dispatcher in the path.
 
-Request path (verl 0.9.0): agent loop -> ``LLMServerClient.generate`` -> ``acquire_server`` on the
+Request path (verl 0.9.1): agent loop -> ``LLMServerClient.generate`` -> ``acquire_server`` on the
 shared ``GlobalRequestLoadBalancer`` actor -> ``vLLMHttpServer.generate`` -> ``release_server``.
 
 :class:`RebalanceLoadBalancer` subclasses verl's balancer; its ``acquire_server`` is *async*: it
@@ -16,7 +16,7 @@ target that is one DP rank of a multi-rank replica, ``data_parallel_rank`` to vL
 lets ``vLLMHttpServer.generate`` pass it to ``AsyncLLM.generate``). It retries a request whose
 replica died (Ray actor errors) on another target, up to ``ROLLOUT_REBALANCE_MAX_ATTEMPTS``.
 
-Replicas and DP ranks in verl 0.9.0 (``LLMServerManager._initialize_llm_servers``): one replica spans
+Replicas and DP ranks in verl 0.9.1 (``LLMServerManager._initialize_llm_servers``): one replica spans
 ``TP x DP x PP`` devices and the number of replicas is ``world / (TP x DP x PP)``. With
 ``rollout.data_parallel_size > 1`` each replica starts one ``vLLMHttpServer`` per node, node 0 runs
 vLLM's API server with ``data_parallel_size`` engines (the other nodes run headless), and only node
@@ -38,7 +38,7 @@ from typing import Any
 
 import ray
 from ray.exceptions import RayActorError
-from verl.workers.rollout.llm_server import DEFAULT_ROUTING_CACHE_SIZE, GlobalRequestLoadBalancer
+from verl.workers.rollout.router import DEFAULT_ROUTING_CACHE_SIZE, GlobalRequestLoadBalancer
 
 from npu_rl.rebalance.dispatcher import Dispatcher
 from npu_rl.rebalance.predictor import EMALengthPredictor, NoPredictor, prompt_key
@@ -131,10 +131,13 @@ class RebalanceLoadBalancer(GlobalRequestLoadBalancer):
         self._inflight_requests[sid] = self._inflight_requests.get(sid, 0) + 1
         return f"{target}{SEP}{ticket}", self._servers[sid]
 
-    def release_server(self, server_id: str, response_len: int | None = None, failed: bool = False) -> None:
+    def release_server(
+        self, server_id: str, request_id: str | None = None, response_len: int | None = None, failed: bool = False
+    ) -> None:
         """Free the slot of ``server_id`` (as returned by :meth:`acquire_server`).
 
-        ``response_len`` feeds the length predictor; ``failed`` counts a replica failure.
+        ``response_len`` feeds the length predictor; ``failed`` counts a replica failure;
+        ``request_id`` is verl's (0.9.1) and not needed: the ticket is in ``server_id``.
         """
         target, ticket, _ = split_server_id(server_id)
         sid = self._target_server.get(target)
@@ -228,7 +231,7 @@ class RebalanceClientMixin:
             return out
         raise AssertionError("unreachable")
 
-    async def _acquire_server(self, request_id: str):  # noqa: ANN201
+    async def _acquire_server(self, request_id: str, **extra):  # noqa: ANN201 - verl's signature
         call = _CALL.get()
         if call is None:  # not through generate (a subclass calling us directly): plain routing
             return await self._load_balancer.acquire_server.remote(request_id=request_id)
@@ -249,7 +252,7 @@ class RebalanceClientMixin:
         rank = split_server_id(server_id)[2]
         return server_id, handle if rank is None else _RankedHandle(handle, rank)
 
-    def _release_server(self, server_id: str) -> None:
+    def _release_server(self, server_id: str, request_id: str | None = None) -> None:
         call = _CALL.get()
         if call is not None and call["server_id"] == server_id:
             return  # released by generate with the response length (or as failed)

@@ -1,6 +1,6 @@
 """What the verl patch calls: the Megatron engine's weight export with the expert reshard switched in.
 
-verl 0.9.0's colocated weight sync (``ActorRolloutRefWorker.update_weights``, mode ``naive``) asks the
+verl 0.9.1's colocated weight sync (``ActorRolloutRefWorker.update_weights``, mode ``naive``) asks the
 engine for ``get_per_tensor_param``; with ``vanilla_mbridge=True`` that is mbridge's
 ``Bridge.export_weights``, which all-gathers every expert over EP (and ETP). The patch passes
 :func:`reshard_kwargs` from ``update_weights`` and calls :func:`export_weights` in place of

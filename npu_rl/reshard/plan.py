@@ -6,7 +6,7 @@ split sizes of one ``all_to_all_single``) and the pieces it already holds.
 
 Training side (Megatron-core 0.16 ``parallel_state.initialize_model_parallel``): the expert ranks come
 from ``RankGenerator(tp=ETP, ep=EP, dp=world // (ETP*EP*PP), pp=PP, cp=1, order=order)``, default
-order ``"tp-cp-ep-dp-pp"`` (verl 0.9.0 passes none), i.e. for that order
+order ``"tp-cp-ep-dp-pp"`` (verl 0.9.1 passes none), i.e. for that order
 ``rank = etp + ETP * (ep + EP * (edp + EDP * pp))``. An EP rank owns the contiguous experts
 ``[ep * E/EP, (ep+1) * E/EP)`` (Megatron's ``local_expert_indices_offset``; mbridge 0.15.1 names them
 ``...mlp.experts.linear_fc{1,2}.weight{k}``); each holds ETP rank ``etp``'s shard of every such expert:

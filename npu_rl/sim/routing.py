@@ -15,6 +15,7 @@ A routing decides which waiting request a replica starts next. The simulator cal
 from __future__ import annotations
 
 import heapq
+import random as pyrandom
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
@@ -47,7 +48,7 @@ def _torch_chunk_sizes(n: int, chunks: int) -> list[int]:
 
 
 class VerlDefaultRouting:
-    """verl 0.9.0's request path: the whole batch pushed at once, least-in-flight replica per request, FIFO.
+    """verl 0.9.1's request path: the whole batch pushed at once, least-in-flight replica per request, FIFO.
 
     Modelled on the pinned sources (``sources/verl``):
 
@@ -59,10 +60,13 @@ class VerlDefaultRouting:
       within a worker, requests reach the load balancer prompt-major. The workers run concurrently, so the
       global order is an interleaving of the workers' orders: ``interleave="random"`` (default, seeded),
       ``"round_robin"`` or ``"sequential"``.
-    - ``verl/workers/rollout/llm_server.py:GlobalRequestLoadBalancer.acquire_server`` picks the server with
-      the fewest in-flight requests, ties to the first server (``candidates[0]``), counts the request in
-      flight until ``release_server`` after the response returns. All acquisitions of a step happen before
-      the first response, so the assignment is round-robin over replicas in arrival order.
+    - ``verl/workers/rollout/router.py:GlobalRequestLoadBalancer.acquire_server`` picks the server with
+      the fewest in-flight requests, ties broken by ``random.choice`` over them in registration order
+      (verl 0.9.0 took the first, ``candidates[0]``: ``ties="first"``), and counts the request in flight
+      until ``release_server`` after the response returns. All acquisitions of a step happen before the
+      first response, so every round of ``n_replicas`` arrivals covers each replica once, in random order.
+      The tie-breaker is ``random.Random(seed)``: the same sequence verl's module-level ``random`` gives
+      after ``random.seed(seed)``.
     - Each replica's vLLM engine serves its requests FIFO (``rollout.scheduling_policy: fcfs``).
 
     Requests with ``arrival_ms > 0`` are acquired when they arrive (in-flight counts as of then). A request
@@ -71,7 +75,10 @@ class VerlDefaultRouting:
     modelled). ``assignment`` maps rid to replica.
     """
 
-    def __init__(self, num_workers: int = 8, interleave: str = "random", seed: int = 0):
+    def __init__(self, num_workers: int = 8, interleave: str = "random", seed: int = 0, ties: str = "random"):
+        if ties not in ("random", "first"):
+            raise SimError(f"VerlDefaultRouting ties={ties!r}: use 'random' (verl 0.9.1) or 'first' (verl 0.9.0)")
+        self.ties = ties
         if num_workers < 1:
             raise SimError(f"VerlDefaultRouting num_workers={num_workers}: must be >= 1 (rollout.agent.num_workers)")
         if interleave not in ("random", "round_robin", "sequential"):
@@ -115,11 +122,14 @@ class VerlDefaultRouting:
         self.inflight = [0] * n_replicas
         self.queues: list[deque[int]] = [deque() for _ in range(n_replicas)]
         self.assignment: dict[int, int] = {}
+        self._tie_rng = pyrandom.Random(self.seed)
         self._acquire_arrived(0.0)
 
     def _acquire(self, rid: int) -> None:
         counts = self.inflight
-        server = counts.index(min(counts))  # fewest in flight, ties to the first server
+        low = min(counts)
+        candidates = [i for i, c in enumerate(counts) if c == low]  # fewest in flight
+        server = candidates[0] if self.ties == "first" else self._tie_rng.choice(candidates)
         counts[server] += 1
         self.assignment[rid] = server
         self.queues[server].append(rid)

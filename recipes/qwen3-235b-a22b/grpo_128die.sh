@@ -42,7 +42,6 @@ TRAIN_PARALLEL=(
     "$ENGINE.override_transformer_config.recompute_method=uniform"
     "$ENGINE.override_transformer_config.recompute_num_layers=1"
     "$ENGINE.param_offload=True"
-    "$ENGINE.grad_offload=True"
     "$ENGINE.optimizer_offload=True"
 )
 ALGORITHM=(
@@ -68,11 +67,11 @@ ROLLOUT=(
     actor_rollout_ref.rollout.enable_prefix_caching=True
     actor_rollout_ref.rollout.load_format=auto
 )
-# MoE routing replay (verl 0.9.0, vime's "R3"): ROUTER_REPLAY=R3 replays the rollout's expert routing
+# MoE routing replay (verl 0.9.1: under the Megatron engine's config; vime's "R3"): ROUTER_REPLAY=R3 replays the rollout's expert routing
 # in training to cut the train/rollout mismatch (watch the rollout-vs-actor log-prob metrics).
 ROUTER_REPLAY="${ROUTER_REPLAY:-disabled}"
 MOE=(
-    actor_rollout_ref.actor.router_replay.mode="$ROUTER_REPLAY"
+    "$ENGINE.router_replay.mode=$ROUTER_REPLAY"
     actor_rollout_ref.rollout.enable_rollout_routing_replay="$([[ "$ROUTER_REPLAY" == R3 ]] && echo True || echo False)"
 )
 # Features of this project (each rejected until its release carries it; README "Features"):

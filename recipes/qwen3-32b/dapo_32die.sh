@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Qwen3-32B DAPO on DAPO-Math-17k (AIME 2024 validation), 2 nodes x 16 dies: grpo_32die.sh with DAPO's algorithm and data.
 #   bash ray_start_npu.sh recipes/qwen3-32b/dapo_32die.sh recipes/qwen3-32b/env_2node.sh
-# DAPO as verl 0.9.0's V1 trainer implements it: clip-higher 0.2 / 0.28, token-mean loss, dynamic
+# DAPO as verl 0.9.1's V1 trainer implements it: clip-higher 0.2 / 0.28, token-mean loss, dynamic
 # sampling (groups whose responses all score the same are dropped and refilled; 2 generation batches in
 # flight), the dapo reward manager (math_dapo's acc), no KL. The overlong penalty is not configured
-# (verl 0.9.0's RewardConfig has no reward_kwargs).
+# (verl 0.9.1's RewardConfig has no reward_kwargs).
 set -euo pipefail
 DATA_DIR="${DATA_DIR:-$HOME/data}"
 DAPO=(

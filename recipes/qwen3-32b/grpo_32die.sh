@@ -34,7 +34,6 @@ TRAIN_PARALLEL=(
     actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
     actor_rollout_ref.actor.megatron.context_parallel_size=1
     actor_rollout_ref.actor.megatron.param_offload=True
-    actor_rollout_ref.actor.megatron.grad_offload=True
     actor_rollout_ref.actor.megatron.optimizer_offload=True
     actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full
     actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=uniform
