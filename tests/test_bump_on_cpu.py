@@ -247,7 +247,7 @@ def test_a_patch_upstream_contains_is_proposed_for_dropping(project):
     assert "already applied 1 patch(es)" in check_cmd(project).stdout
 
 
-BEFORE_SWITCH = ("after-resolve", "after-baseline", "during-replay")
+BEFORE_SWITCH = ("after-resolve", "after-baseline", "mid-pick", "during-replay", "in-prepare")
 DURING_SWITCH = ("after-journal", "after-patches", "between-trees", "after-lock")
 
 

@@ -95,6 +95,8 @@ class BumpState:
     dropped: list[str] = field(default_factory=list)
     conflict: str = ""
     head_at_conflict: str = ""
+    pending: str = ""  # the patch being cherry-picked, and HEAD before it (a kill may come in between)
+    head_before: str = ""
 
     def save(self, stage: Path) -> None:
         tmp = stage / (STATE_FILE + ".tmp")
@@ -315,19 +317,32 @@ def _replay(stage: Path, st: BumpState, series: Series, opts: BumpOptions, log) 
             st.next += 1
         st.conflict, st.head_at_conflict = "", ""
         st.save(stage)
+    elif _tree_busy(path):
+        # No conflict was handed to a person, so only this tool wrote here: a run was killed inside git.
+        if (path / ".git" / "CHERRY_PICK_HEAD").exists():
+            git(path, "cherry-pick", "--abort")
+        git(path, "reset", "--quiet", "--hard", "HEAD")
+        git(path, "clean", "--quiet", "-d", "--force")
+        log(f"{path}: cleaned up after an interrupted run")
     while st.next < len(st.old_series):
         name = st.old_series[st.next]
         patch = by_name[name]
+        head = git(path, "rev-parse", "HEAD")
         if name in st.dropped:
             log(f"{name}: dropped (--drop)")
+        elif st.pending == name and head != st.head_before:
+            st.picked.append(name)  # picked just before a kill, not yet recorded
+            log(f"{name}: replayed (before the interruption)")
         elif _reverse_applies(path, patch.data):
             if name not in st.contained:
                 st.contained.append(name)
             log(f"{name}: already contained in {st.name} {st.to_version} (its reverse applies cleanly)")
         else:
-            head = git(path, "rev-parse", "HEAD")
+            st.pending, st.head_before = name, head
+            st.save(stage)
             try:
                 git(path, "cherry-pick", "--allow-empty-message", st.old_commits[st.next], env=_DATES)
+                _kill_point("mid-pick")
             except gitpython.GitCommandError as exc:
                 if "is now empty" in git_error_text(exc) or "nothing to commit" in git_error_text(exc):
                     git(path, "cherry-pick", "--skip")
@@ -347,6 +362,7 @@ def _replay(stage: Path, st: BumpState, series: Series, opts: BumpOptions, log) 
             else:
                 st.picked.append(name)
                 log(f"{name}: replayed")
+        st.pending, st.head_before = "", ""
         st.next += 1
         st.save(stage)
         _kill_point("during-replay")
@@ -424,6 +440,9 @@ def regenerate_readme(readme: Path, lock_path: Path) -> bool:
 # --- the switch ---------------------------------------------------------------------------------
 def _prepare_switch(up, new, st, stage, lock_path, patches_root, log) -> None:
     path = stage / "tree" / st.name
+    if git(path, "for-each-ref", RESULT_REF):  # an earlier run got this far: back to the replayed commits
+        git(path, "reset", "--quiet", "--hard", RESULT_REF)
+        git(path, "clean", "--quiet", "-d", "--force")
     out = stage / "patches"
     if out.exists():
         shutil.rmtree(out)
@@ -439,7 +458,7 @@ def _prepare_switch(up, new, st, stage, lock_path, patches_root, log) -> None:
     git(path, "update-ref", RESULT_REF, "HEAD")
     tree = Tree(path)
     tree.reset_to_baseline()
-    git(path, "update-ref", "-d", OLD_BASE_REF)
+    _kill_point("in-prepare")
     plan = engine.inspect(new, stage / "tree", out, series=series)  # raises if the new series does not apply
     if st.old_state == engine.APPLIED and series.patches:
         for p in series.patches:
@@ -451,6 +470,8 @@ def _prepare_switch(up, new, st, stage, lock_path, patches_root, log) -> None:
     got = load_lock(stage / "sources.lock").get(st.name)
     if replace(got, note="") != replace(new, note=""):
         raise TreeStateError(f"the rewritten lock entry reads back as {got}, not {new}; nothing was switched")
+    if git(path, "for-each-ref", OLD_BASE_REF):
+        git(path, "update-ref", "-d", OLD_BASE_REF)
     (stage / COMMIT_MARK).write_text(
         json.dumps({"lock": str(lock_path), "patches": str(patches_root / st.name), "version": st.to_version}) + "\n",
         encoding="utf-8",
