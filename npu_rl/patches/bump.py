@@ -399,7 +399,7 @@ def write_lock_entry(lock_text: str, new: Upstream, note_addition: str) -> str:
     try:
         import tomlkit
     except ImportError:
-        raise UsageError("bump needs tomlkit: pip install -r constraints/tools.txt (or bash install_stack.sh)") from None
+        raise UsageError("bump needs tomlkit: pip install -r constraints/tools.txt (or install_stack.sh)") from None
     doc = tomlkit.parse(lock_text)
     for table in doc["upstream"]:
         if table["name"] == new.name:
