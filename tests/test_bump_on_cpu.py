@@ -295,3 +295,33 @@ def test_unresolvable_commit_needs_a_decision(project, tmp_path):
     fake = load_lock(project["lock"]).get("fake")
     assert fake.commit == "" and fake.identity.startswith("fake 1.1 sha256:")
     assert "commit not resolved: cannot reach" in fake.note.replace("\n", " ")
+
+
+def test_a_git_only_upstream_is_bumped_from_its_repository(project):
+    # Drop the index archive from the lock: the tree then comes from git at the resolved commit.
+    text = project["lock"].read_text()
+    start = text.index("[upstream.pypi]")
+    project["lock"].write_text(text[:start] + text[text.index("\n[[upstream]]", start) + 1 :])
+    shutil.rmtree(project["sources"] / "fake")
+    env = project["env"]
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "npu_rl.sources",
+            "--lock",
+            str(project["lock"]),
+            "--dest",
+            str(project["sources"]),
+            "--only",
+            "fake",
+        ],
+        env,
+    )
+    _run([*project["cli"], "--only", "fake", *project["common"]], env)
+    r = bump(project, "1.1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    fake = load_lock(project["lock"]).get("fake")
+    assert fake.pypi is None and fake.commit == project["commits"]["1.1"]
+    assert Tree(project["sources"] / "fake").identity() == fake.identity
+    assert "already applied 2 patch(es)" in check_cmd(project).stdout
