@@ -235,10 +235,10 @@ def test_a_patch_upstream_contains_is_proposed_for_dropping(project):
     r = bump(project, "1.3")
     assert r.returncode == 6, r.stdout + r.stderr
     assert "upstream already contains these patches" in r.stderr and P1 in r.stderr
-    assert f"--drop {P1}" in r.stderr
     assert snapshot(project) == before
     wrong = bump(project, "1.3", "--drop", "0009-fake-feature-ghost.patch")
     assert wrong.returncode == 2 and "not a patch of the fake series" in wrong.stderr
+    assert f"Confirm with: bash apply_all_patches.sh bump fake 1.3 --drop {P1}" in r.stderr
     done = bump(project, "1.3", "--drop", P1)
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(p.name for p in (project["patches"] / "fake").glob("*.patch")) == [P2]  # number kept
@@ -294,7 +294,7 @@ def test_unresolvable_commit_needs_a_decision(project, tmp_path):
     assert ok.returncode == 0, ok.stdout + ok.stderr
     fake = load_lock(project["lock"]).get("fake")
     assert fake.commit == "" and fake.identity.startswith("fake 1.1 sha256:")
-    assert "commit not resolved: cannot reach" in fake.note.replace("\n", " ")
+    assert "commit not resolved (" in fake.note.replace("\n", " ") and "unreachable" in fake.note
 
 
 def test_a_git_only_upstream_is_bumped_from_its_repository(project):
@@ -325,3 +325,24 @@ def test_a_git_only_upstream_is_bumped_from_its_repository(project):
     assert fake.pypi is None and fake.commit == project["commits"]["1.1"]
     assert Tree(project["sources"] / "fake").identity() == fake.identity
     assert "already applied 2 patch(es)" in check_cmd(project).stdout
+
+
+def test_bad_requests_are_refused_before_anything_is_staged(project):
+    before = snapshot(project)
+    for args, message in (
+        (["v1.1"], "write '1.1'"),
+        (["latest"], "is not a PEP 440 version"),
+        (["0.9"], "older than the pinned 1.0; pass --downgrade"),
+        (["1.1", "--commit", "abc123"], "must be a full 40-hex-digit SHA"),
+        (["1.1", "--drop", "0042-fake-feature-nope.patch"], "not a patch of the fake series"),
+        (["9.9"], "does not list fake-9.9.tar.gz"),  # the index is asked first, before any git host
+    ):
+        r = _run([*project["cli"], "bump", "fake", *args, *project["common"]], project["env"], check=False)
+        assert r.returncode in (1, 2) and message in r.stderr, (args, r.stderr)
+        assert not list((project["sources"] / ".bump").glob("fake-*")), args  # nothing left to block the next run
+    assert snapshot(project) == before
+    assert bump(project, "1.0.0").returncode == 0  # the pinned version spelled another way: a no-op
+    assert snapshot(project) == before
+    unknown = _run([*project["cli"], "bump", "nosuch", "1.0", *project["common"]], project["env"], check=False)
+    assert unknown.returncode == 2 and not (project["sources"] / ".bump" / ".nosuch.lock").exists()
+    assert "nothing to abort" in bump(project, "1.1", "--abort").stdout

@@ -97,6 +97,8 @@ class BumpState:
     head_at_conflict: str = ""
     pending: str = ""  # the patch being cherry-picked, and HEAD before it (a kill may come in between)
     head_before: str = ""
+    staged: bool = False  # the new baseline and the old series are in the staging folder
+    command: str = ""  # the first run's command line (its choices hold for the whole bump)
 
     def save(self, stage: Path) -> None:
         tmp = stage / (STATE_FILE + ".tmp")
@@ -120,6 +122,21 @@ class BumpOptions:
     no_commit: bool = False
     drop: tuple[str, ...] = ()
     abort: bool = False
+    downgrade: bool = False
+
+    def command(self, name: str, version: str) -> str:
+        """The command line that repeats this request (printed where a rerun is asked for)."""
+        parts = ["bash apply_all_patches.sh bump", name, version]
+        for flag, value in (
+            ("--ref", self.ref),
+            ("--filename", self.filename),
+            ("--git-url", self.git_url),
+            ("--commit", self.commit),
+        ):
+            if value:
+                parts += [flag, value]
+        parts += ["--no-commit"] * self.no_commit + ["--downgrade"] * self.downgrade
+        return " ".join(parts)
 
 
 @contextmanager
@@ -175,29 +192,16 @@ def resolve_commit(url: str, ref: str, cwd: Path) -> str:
     raise SourceError(f"{url} has no tag or branch {ref!r}; give the right one with --ref")
 
 
-def _resolve(up: Upstream, version: str, opts: BumpOptions, stage: Path, log) -> tuple[Upstream, BumpState]:
+def _short(exc: Exception) -> str:
+    """The last line of an error (git's own reason), without the command around it."""
+    return str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+
+
+def _resolve(up: Upstream, version: str, opts: BumpOptions, cwd: Path, log) -> tuple[Upstream, BumpState]:
+    """Find the release: its index archive first (sha256 computed), then the tag's commit."""
     ref = opts.ref or _replace_version(up.ref, up.version, version, "git ref", "--ref")
-    url = opts.git_url or up.git
-    commit, how = "", ""
-    try:
-        commit = resolve_commit(url, ref, stage)
-        how = f"resolved from {ref} at {url}"
-        if opts.commit and opts.commit != commit:
-            raise SourceError(f"--commit {opts.commit} but {url} says {ref} is {commit}; refused")
-    except SourceUnreachable as exc:
-        if opts.commit:
-            commit, how = opts.commit, f"given with --commit ({exc}; not verified)"
-        elif opts.no_commit and up.pypi:
-            how = f"not resolved: {exc}"
-        else:
-            raise SourceUnreachable(
-                f"{exc}: cannot resolve {up.name} {ref}'s commit. Give a reachable mirror with --git-url, "
-                "the commit with --commit SHA, or (index archives only) --no-commit to pin the archive alone"
-            ) from None
-    if commit and not re.fullmatch(r"[0-9a-f]{40}", commit):
-        raise UsageError(f"--commit {commit!r} must be a full 40-hex-digit SHA")
+    state = BumpState(up.name, up.version, version, ref, "", "", source="")
     pypi = None
-    state = BumpState(up.name, up.version, version, ref, commit, how, source="")
     if up.pypi:
         from npu_rl.sources import Downloader, cache_dir
 
@@ -208,12 +212,50 @@ def _resolve(up: Upstream, version: str, opts: BumpOptions, stage: Path, log) ->
         log(f"{up.name}: {filename} {got}; sha256 {sha} (computed from {archive})")
         pypi = PypiArchive(up.pypi.project, filename, sha)
         state.project, state.filename, state.sha256, state.source = up.pypi.project, filename, sha, f"pypi {filename}"
-    else:
+    url = opts.git_url or up.git
+    commit, how = "", ""
+    try:
+        commit = resolve_commit(url, ref, cwd)
+        how = f"resolved from {ref} at {url}"
+        if opts.commit and opts.commit != commit:
+            raise SourceError(f"--commit {opts.commit} but {url} says {ref} is {commit}; refused")
+    except SourceUnreachable as exc:
+        if opts.commit:
+            commit, how = opts.commit, f"given with --commit, not verified ({url} unreachable: {_short(exc)})"
+        elif opts.no_commit and up.pypi:
+            how = f"not resolved ({url} unreachable: {_short(exc)})"
+        else:
+            raise SourceUnreachable(
+                f"{exc}: cannot resolve {up.name} {ref}'s commit. Give a reachable mirror with --git-url, "
+                "the commit with --commit SHA, or (index archives only) --no-commit to pin the archive alone"
+            ) from None
+    state.commit, state.commit_how = commit, how
+    if not up.pypi:
         if not commit:
             raise SourceUnreachable(f"{up.name} is git only: its commit must be resolved (--git-url or --commit)")
         state.source = f"git {commit[:12]}"
     log(f"{up.name}: {ref} = {commit or 'no commit'} ({how})")
     return replace(up, version=version, ref=ref, commit=commit, pypi=pypi), state
+
+
+def _check_request(up: Upstream, version: str, series: Series, opts: BumpOptions) -> None:
+    """Refuse a malformed request before anything is downloaded or staged (UsageError)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        new, old = Version(version), Version(up.version)
+    except InvalidVersion:
+        raise UsageError(f"version {version!r} is not a PEP 440 version (e.g. 0.9.1, without a 'v')") from None
+    if str(new) != version:
+        raise UsageError(f"version {version!r} is not a PEP 440 version as the index names it: write {str(new)!r}")
+    if new < old and not opts.downgrade:
+        raise UsageError(f"{up.name} {version} is older than the pinned {up.version}; pass --downgrade if you mean it")
+    if opts.commit and not re.fullmatch(r"[0-9a-f]{40}", opts.commit):
+        raise UsageError(f"--commit {opts.commit!r} must be a full 40-hex-digit SHA")
+    names = [p.name for p in series.patches]
+    for name in opts.drop:
+        if name not in names:
+            raise UsageError(f"--drop {name}: not a patch of the {up.name} series ({', '.join(names) or 'empty'})")
 
 
 def _new_upstream(up: Upstream, st: BumpState) -> Upstream:
@@ -237,6 +279,9 @@ def _build_stage(up: Upstream, new: Upstream, sources_dir: Path, series: Series,
         build_from_git(new, trees, force=False)
     _kill_point("after-baseline")
     path = trees / up.name
+    st.old_series, st.old_commits = [], []
+    if not series.patches:
+        return  # nothing to replay: the old tree is not needed
     git(path, "fetch", "--quiet", "--no-tags", str(sources_dir / up.name), f"refs/tags/{BASELINE_TAG}:{OLD_BASE_REF}")
     commits, parent = [], git(path, "rev-parse", OLD_BASE_REF)
 
@@ -299,8 +344,6 @@ def _replay(stage: Path, st: BumpState, series: Series, opts: BumpOptions, log) 
     path = stage / "tree" / st.name
     by_name = {p.name: p for p in series.patches}
     for name in opts.drop:
-        if name not in by_name:
-            raise UsageError(f"--drop {name}: not a patch of the {st.name} series ({', '.join(by_name)})")
         if name not in st.dropped:
             st.dropped.append(name)
     if st.conflict:
@@ -356,7 +399,7 @@ def _replay(stage: Path, st: BumpState, series: Series, opts: BumpOptions, log) 
                         f"{name} conflicts with {st.name} {st.to_version}:\n{report}\n"
                         f"  The old pin ({st.name} {st.from_version}) is untouched. To go on: in {path}, resolve the "
                         "files, 'git add' them and 'git cherry-pick --continue' (the patch header stays the "
-                        f"message), then rerun this command. To drop the patch instead: 'git cherry-pick --abort' "
+                        f"message), then rerun: {st.command}. To drop the patch instead: 'git cherry-pick --abort' "
                         f"and rerun with --drop {name}. To give up: rerun with --abort."
                     ) from None
             else:
@@ -544,18 +587,25 @@ def bump(
     lock_path = Path(lock_path or LOCK_PATH)
     patches_root = Path(patches_dir or PATCHES_DIR)
     root = sources_dir / STAGE_DIR
+    lock = load_lock(lock_path)
+    up = lock.get(name)  # an unknown name is refused before anything is written
     with _exclusive(root / f".{name}.lock", name):
         for trash in root.glob(f".trash-{name}-*"):
             shutil.rmtree(trash, ignore_errors=True)
         stage = root / f"{name}-{version}"
-        others = [d for d in root.glob(f"{name}-*") if d.is_dir() and d != stage]
+        staged = [d for d in root.glob(f"{name}-*") if d.is_dir() and (d / STATE_FILE).exists()]
+        for d in root.glob(f"{name}-*"):  # left by a run that failed before it staged anything
+            if d.is_dir() and d not in staged:
+                shutil.rmtree(d)
+        others = [d for d in staged if d != stage]
         if opts.abort:
-            for d in [stage, *others]:
+            for d in staged:
                 if (d / COMMIT_MARK).exists():
                     raise TreeStateError(f"{d}: the bump was already switching; rerun it to finish instead of aborting")
-                if d.exists():
-                    shutil.rmtree(d)
-                    log(f"removed {d}; {name} stays at its old pin")
+                shutil.rmtree(d)
+                log(f"removed {d}; {name} stays at its old pin ({up.version})")
+            if not staged:
+                log(f"no bump of {name} is staged: nothing to abort ({name} is at {up.version})")
             return "aborted"
         if (stage / COMMIT_MARK).exists():
             st = BumpState.load(stage)
@@ -565,26 +615,34 @@ def bump(
             return "bumped"
         if others:
             raise TreeStateError(
-                f"a bump of {name} is in progress in {others[0]}; finish it, or rerun that one with --abort"
+                f"a bump of {name} to {others[0].name[len(name) + 1 :]} is staged in {others[0]}; finish it, "
+                f"or discard it with: bash apply_all_patches.sh bump {name} {version} --abort"
             )
-        lock = load_lock(lock_path)
-        up = lock.get(name)
-        if up.version == version:
-            if stage.exists():
-                shutil.rmtree(stage)
-            log(f"{name} is already at {version} in {lock_path.name}: nothing to do")
-            return "noop"
         series = load_series(name, patches_dir)
+        from packaging.version import InvalidVersion, Version
+
+        try:
+            same = Version(version) == Version(up.version)
+        except InvalidVersion:
+            same = False
+        if same and not stage.exists():
+            log(f"{name} is already at {up.version} in {lock_path.name}: nothing to do")
+            return "noop"
+        _check_request(up, version, series, opts)
         plan = engine.inspect(up, sources_dir, patches_dir, series=series)
+        if plan.state == engine.MISSING and not series.patches:
+            plan.state = engine.PRISTINE  # nothing to replay: the new tree is simply put in place
         if plan.state not in (engine.PRISTINE, engine.APPLIED):
             raise TreeStateError(f"the bump starts from a usable old pin, and {plan.detail}")
-        stage.mkdir(parents=True, exist_ok=True)
         st = BumpState.load(stage)
-        if st is None or not st.old_commits:
-            new, st = _resolve(up, version, opts, stage, log)
-            st.old_state = plan.state
+        if st is None or not st.staged:
+            root.mkdir(parents=True, exist_ok=True)
+            new, st = _resolve(up, version, opts, root, log)
+            st.old_state, st.command = plan.state, opts.command(name, version)
+            stage.mkdir(parents=True, exist_ok=True)
             _kill_point("after-resolve")
             _build_stage(up, new, sources_dir, series, st, stage)
+            st.staged = True
             st.save(stage)
             log(f"{name}: new baseline {new.identity} staged in {stage / 'tree' / name}")
         else:
@@ -593,7 +651,11 @@ def bump(
                     f"patches/{name} changed since this bump started in {stage}; rerun with --abort and start again"
                 )
             new = _new_upstream(up, st)
-            log(f"{name}: continuing the bump in {stage} (patch {st.next + 1} of {len(st.old_series)})")
+            where = f"at {st.old_series[st.next]}" if st.next < len(st.old_series) else "every patch replayed"
+            log(
+                f"{name}: continuing the bump in {stage} ({where}), with the release the first run resolved "
+                f"({st.source}, commit {st.commit or 'none'}: {st.commit_how})"
+            )
         _replay(stage, st, series, opts, log)
         pending = [n for n in st.contained if n not in st.dropped]
         if pending:
@@ -601,17 +663,32 @@ def bump(
                 "upstream already contains these patches (their reverse applies cleanly to "
                 f"{name} {version} with the patches before them):\n"
                 + "\n".join(f"    {n}" for n in pending)
-                + f"\n  Proposed: drop them. Rerun with --drop {' '.join(pending)} to confirm; "
-                f"the old pin ({name} {up.version}) is untouched."
+                + f"\n  Proposed: drop them. Confirm with: {st.command} --drop {' '.join(pending)}\n"
+                f"  The old pin ({name} {up.version}) is untouched."
             )
         _prepare_switch(up, new, st, stage, lock_path, patches_root, log)
         _switch(stage, sources_dir, st, readme, log)
-        kept = len(st.picked)
         log(
-            f"{name}: {up.version} -> {version}: {kept} patch(es) kept ({len(st.by_hand)} refreshed by hand), "
-            f"{len(st.dropped)} dropped; tree {st.old_state} like before"
+            f"{name}: {up.version} -> {version}: {len(st.picked)} patch(es) kept ({len(st.by_hand)} refreshed by "
+            f"hand), {len(st.dropped)} dropped; tree {st.old_state} like before"
         )
+        _review_hints(lock_path.parent, name, up.version, log)
         return "bumped"
+
+
+def _review_hints(repo: Path, name: str, old_version: str, log) -> None:
+    """After a switch: what a maintainer reviews by hand (the kept note, files citing the old version)."""
+    log(f"review: the note of {name} in sources.lock (kept; this bump appended), then the recipes and constraints/")
+    try:
+        out = git(
+            repo, "grep", "-l", "-F", old_version, "--", ".", ":!patches", ":!sources.lock", ":!docs/maintaining.md"
+        )
+    except gitpython.GitCommandError:
+        return  # not a git checkout, or no file mentions it
+    files = out.split()
+    if files:
+        shown = ", ".join(files[:12]) + (f" and {len(files) - 12} more" if len(files) > 12 else "")
+        log(f"review: {len(files)} tracked file(s) still mention {old_version}: {shown}")
 
 
 __all__ = ["bump", "BumpOptions", "BumpDecision", "pending_switch", "write_lock_entry", "regenerate_readme"]

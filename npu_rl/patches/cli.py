@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="apply_all_patches.sh",
         description="Apply the npu-rl-recipes patch series to the pinned upstream trees, all or nothing. "
-        "Maintainer commands: 'python -m npu_rl.patches {edit,export,tests} --help'.",
+        "Maintainer commands (also through this script): 'bash apply_all_patches.sh {edit,export,tests,bump} --help'.",
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -74,8 +74,11 @@ def build_maintainer_parser() -> argparse.ArgumentParser:
         description="Move one upstream to a new release, all or nothing (docs/maintaining.md). A conflict or a "
         "patch upstream already contains stops the bump with the old pin untouched; fix it as the message says "
         "and run the same command again. A bump to the pinned version is a no-op.",
+        epilog=EXIT_CODES
+        + "  130 interrupted before the switch: the old pin is untouched; run the same command to go on\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    b.add_argument("name")
+    b.add_argument("name", help="the upstream's name in sources.lock (verl, vllm, vllm-ascend, megatron-core, ...)")
     b.add_argument("version", help="the new release (PEP 440), e.g. 0.9.1")
     b.add_argument("--ref", help="git tag or branch of the release (default: the old ref with the version replaced)")
     b.add_argument("--filename", help="index archive name (default: the old one with the version replaced)")
@@ -88,7 +91,10 @@ def build_maintainer_parser() -> argparse.ArgumentParser:
         help="index archives only: pin the archive without a commit when none can be resolved (the note says why)",
     )
     b.add_argument("--drop", nargs="+", default=[], metavar="PATCH", help="drop these patches (file names)")
-    b.add_argument("--abort", action="store_true", help="delete the staged bump; the old pin stays")
+    b.add_argument(
+        "--abort", action="store_true", help="delete the staged bump of NAME (any version); the old pin stays"
+    )
+    b.add_argument("--downgrade", action="store_true", help="allow VERSION to be older than the pinned one")
     _common(b)
     t = sub.add_parser("tests", help="print the upstream test paths named by the patches' Tests: fields")
     t.add_argument("--only", nargs="+", metavar="NAME")
@@ -121,6 +127,7 @@ def _bump(args, sources: Path, patches_dir: Path | None) -> int:
         no_commit=args.no_commit,
         drop=tuple(args.drop),
         abort=args.abort,
+        downgrade=args.downgrade,
     )
     bump(args.name, args.version, sources, patches_dir, lock_path, lock_path.parent / "README.md", opts)
     return 0
@@ -164,7 +171,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        if maintainer and args.command == "bump":
+            print(
+                "interrupted: the old pin is untouched unless the switch had begun; run the same command to go on "
+                "(or to finish the switch), or add --abort to discard the staged bump",
+                file=sys.stderr,
+            )
+        else:
+            print("interrupted", file=sys.stderr)
         return 130
     print(f"done in {time.monotonic() - started:.1f} s")
     return 0
