@@ -213,6 +213,9 @@ def test_a_conflict_stops_names_the_patch_and_keeps_the_old_pin(project):
     assert "patch failed: fake/core.py:" in r.stderr  # git apply names the hunk that no longer fits
     assert snapshot(project) == before
     assert "already applied 2 patch(es)" in check_cmd(project).stdout
+    status = _run([*project["cli"], "--status", *project["common"]], project["env"], check=False)
+    assert status.returncode == 0 and "bump: fake 1.0 -> 1.2 staged in" in status.stdout
+    assert f"stopped at a conflict in {P1}" in status.stdout
     # Running it again before resolving: refused, still nothing changed.
     again = bump(project, "1.2")
     assert again.returncode == 3 and "a cherry-pick is in progress" in again.stderr

@@ -552,6 +552,29 @@ def _switch(stage: Path, sources_dir: Path, st: BumpState, readme: Path | None, 
     shutil.rmtree(trash, ignore_errors=True)
 
 
+def staged_bumps(sources_dir: Path) -> list[str]:
+    """One line per bump staged under ``sources_dir/.bump`` (for ``--status``): upstream, versions,
+    where it stands (switching, waiting at a conflict or for --drop, or mid-replay)."""
+    root = sources_dir / STAGE_DIR
+    lines = []
+    for state_file in sorted(root.glob(f"*/{STATE_FILE}")) if root.is_dir() else []:
+        try:
+            st = BumpState.load(state_file.parent)
+        except (ValueError, TypeError, OSError):
+            lines.append(f"{state_file.parent.name}: unreadable state (rerun the bump, or --abort)")
+            continue
+        if (state_file.parent / COMMIT_MARK).exists():
+            where = "interrupted while switching: rerun to finish"
+        elif st.conflict:
+            where = f"stopped at a conflict in {st.conflict}"
+        elif st.next >= len(st.old_series) and [n for n in st.contained if n not in st.dropped]:
+            where = "waiting for --drop of the patches upstream contains"
+        else:
+            where = f"{st.next} of {len(st.old_series)} patch(es) replayed"
+        lines.append(f"{st.name} {st.from_version} -> {st.to_version} staged in {state_file.parent}: {where}")
+    return lines
+
+
 def pending_switch(sources_dir: Path, name: str) -> str | None:
     """The version a bump of ``name`` was switching to when it was interrupted, else None."""
     root = sources_dir / STAGE_DIR
@@ -691,4 +714,12 @@ def _review_hints(repo: Path, name: str, old_version: str, log) -> None:
         log(f"review: {len(files)} tracked file(s) still mention {old_version}: {shown}")
 
 
-__all__ = ["bump", "BumpOptions", "BumpDecision", "pending_switch", "write_lock_entry", "regenerate_readme"]
+__all__ = [
+    "bump",
+    "BumpOptions",
+    "BumpDecision",
+    "pending_switch",
+    "staged_bumps",
+    "write_lock_entry",
+    "regenerate_readme",
+]

@@ -160,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.status:
             rows = engine.status(lock, sources, patches_dir, args.only)
             _print_status(rows)
+            from npu_rl.patches.bump import staged_bumps
+
+            for line in staged_bumps(sources):
+                print(f"bump: {line}")
             return 0 if all(r.ok for r in rows) else 3
         if args.revert:
             engine.revert(lock, sources, patches_dir, args.only, force=args.force)
