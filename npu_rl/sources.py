@@ -26,7 +26,7 @@ from pathlib import Path
 from npu_rl import REPO_ROOT
 from npu_rl.errors import DigestError, LockError, NpuRlError, SourceError, SourceUnreachable, TreeStateError
 from npu_rl.gittree import IDENTITY_TRAILER, SOURCE_TRAILER, Tree, git, git_error_text, gitpython, init_baseline
-from npu_rl.lock import Artifact, Lock, PypiArchive, Upstream, load_lock
+from npu_rl.lock import Artifact, Lock, Upstream, load_lock
 from npu_rl.table import format_table
 
 CHUNK = 1 << 20
@@ -139,7 +139,8 @@ class Downloader:
             )
             final.unlink()
             again = True
-        self._download(up, part)
+        pkg = self._find(up.name, up.pypi.project, up.pypi.filename, hint="is the mirror complete?")
+        self._download(up.name, pkg, part)
         got = sha256_of(part)
         if got != up.pypi.sha256:
             part.unlink()
@@ -162,74 +163,71 @@ class Downloader:
             SourceUnreachable: the index cannot be read. SourceError: the file is not listed
             (the message lists the archives the index has for the project's versions nearby).
         """
+        pkg = self._find(name, project, filename, hint="check the version, or name the file with --filename")
+        published = (pkg.digests or {}).get("sha256")
+        self.archives.mkdir(parents=True, exist_ok=True)
+        final = self.archives / filename
+        how, digest = "cached", sha256_of(final) if final.exists() else None
+        if digest and published and digest != published:
+            self.log(f"{name}: cached {filename} does not match the index's sha256; fetching it again")
+            final.unlink()
+            digest = None
+        if digest is None:
+            part = final.with_name(final.name + ".part")
+            if part.exists():
+                part.unlink()
+            self._download(name, pkg, part)
+            digest = sha256_of(part)
+            if published and digest != published:
+                part.unlink()
+                raise DigestError(
+                    f"{name}: {filename} from {self._index_label()} has sha256 {digest}, but the index "
+                    f"publishes {published} for it; the file was deleted (a broken mirror or transfer)"
+                )
+            os.replace(part, final)
+            how = "downloaded"
+        return final, digest, how
+
+    def _index_label(self) -> str:
+        return self.index_url or "the default package index"
+
+    def _find(self, name: str, project: str, filename: str, hint: str):
+        """The index's entry (a ``pypi_simple.DistributionPackage``) for ``filename`` of ``project``.
+
+        Raises:
+            SourceUnreachable: the index cannot be read. SourceError: it does not list the file (the
+                message lists the archives it has, and ``hint``).
+        """
         try:
             page = self._pypi().get_project_page(project)
         except Exception as exc:  # noqa: BLE001 - requests/pypi_simple raise many kinds
             raise SourceUnreachable(
                 f"{name}: cannot read project {project!r} from {self._index_label()}: {exc}"
             ) from None
-        matches = [p for p in page.packages if p.filename == filename]
-        if not matches:
-            listed = sorted(p.filename for p in page.packages if p.filename.endswith((".tar.gz", ".zip")))[-8:]
-            raise SourceError(
-                f"{name}: {self._index_label()} does not list {filename} for project {project!r} "
-                f"(archives it lists, newest names last: {', '.join(listed) or 'none'}); "
-                "check the version, or name the file with --filename"
-            )
-        published = (matches[0].digests or {}).get("sha256")
-        self.archives.mkdir(parents=True, exist_ok=True)
-        final = self.archives / filename
-        how = "cached"
-        if final.exists() and published and sha256_of(final) != published:
-            self.log(f"{name}: cached {filename} does not match the index's sha256; fetching it again")
-            final.unlink()
-        if not final.exists():
-            part = final.with_name(final.name + ".part")
-            if part.exists():
-                part.unlink()
-            up = Upstream(name, "?", "", "", "", pypi=PypiArchive(project, filename, "0" * 64))
-            self._download(up, part)
-            got = sha256_of(part)
-            if published and got != published:
-                part.unlink()
-                raise DigestError(
-                    f"{name}: {filename} from {self._index_label()} has sha256 {got}, but the index "
-                    f"publishes {published} for it; the file was deleted (a broken mirror or transfer)"
-                )
-            os.replace(part, final)
-            how = "downloaded"
-        return final, sha256_of(final), how
+        for pkg in page.packages:
+            if pkg.filename == filename:
+                return pkg
+        listed = sorted(p.filename for p in page.packages if p.filename.endswith((".tar.gz", ".zip")))[-8:]
+        raise SourceError(
+            f"{name}: {self._index_label()} does not list {filename} for project {project!r} "
+            f"(archives it lists, newest names last: {', '.join(listed) or 'none'}); {hint}"
+        )
 
-    def _index_label(self) -> str:
-        return self.index_url or "the default package index"
-
-    def _download(self, up: Upstream | Artifact, dest: Path) -> None:
+    def _download(self, name: str, pkg, dest: Path) -> None:
+        """Download index entry ``pkg`` to ``dest`` (removed again if the transfer fails)."""
         import requests
 
-        client = self._pypi()
-        try:
-            page = client.get_project_page(up.pypi.project)
-        except Exception as exc:  # noqa: BLE001 - requests/pypi_simple raise many kinds
-            raise SourceUnreachable(
-                f"{up.name}: cannot read project {up.pypi.project!r} from {self._index_label()}: {exc}"
-            ) from None
-        matches = [p for p in page.packages if p.filename == up.pypi.filename]
-        if not matches:
-            raise SourceError(
-                f"{up.name}: {self._index_label()} does not list {up.pypi.filename} "
-                f"for project {up.pypi.project!r}; is the mirror complete?"
-            )
         progress = None
         if sys.stderr.isatty():
             from pypi_simple import tqdm_progress_factory
 
-            progress = tqdm_progress_factory(desc=up.pypi.filename, leave=False)
+            progress = tqdm_progress_factory(desc=pkg.filename, leave=False)
         try:
-            client.download_package(matches[0], dest, verify=False, progress=progress, keep_on_error=True)
+            self._pypi().download_package(pkg, dest, verify=False, progress=progress, keep_on_error=True)
         except (requests.RequestException, OSError) as exc:
             if dest.exists():
                 dest.unlink()
-            raise SourceError(f"{up.name}: downloading {up.pypi.filename} failed: {exc}") from None
+            raise SourceError(f"{name}: downloading {pkg.filename} failed: {exc}") from None
 
 
 def _extract(archive: Path, into: Path) -> Path:

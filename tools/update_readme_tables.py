@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from npu_rl import REPO_ROOT
+from npu_rl.table import splice_table as splice
 
 
 def _stack() -> str:
@@ -47,20 +48,6 @@ def _recipes() -> str:
 
 
 TABLES: dict[str, Callable[[], str]] = {"stack": _stack, "features": _features, "recipes": _recipes}
-
-
-def splice(text: str, name: str, block: str) -> str:
-    """Replace the lines between ``<!-- NAME-table:begin -->`` and ``<!-- NAME-table:end -->``.
-
-    Raises:
-        KeyError: the marker pair is missing or doubled (the message names it).
-    """
-    begin, end = f"<!-- {name}-table:begin -->\n", f"\n<!-- {name}-table:end -->"
-    if text.count(begin) != 1 or text.count(end.strip()) != 1 or end not in text.split(begin, 1)[1]:
-        raise KeyError(f"README.md must hold exactly one '{begin.strip()}' ... '{end.strip()}' pair")
-    head, rest = text.split(begin, 1)
-    _old, tail = rest.split(end, 1)
-    return f"{head}{begin}{block}{end}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,8 +46,9 @@ from npu_rl.errors import ConflictError, NpuRlError, SourceError, SourceUnreacha
 from npu_rl.gittree import BASELINE_TAG, FIXED_DATE, Tree, git, git_error_text, gitpython
 from npu_rl.lock import LOCK_PATH, PypiArchive, Upstream, load_lock, stack_table
 from npu_rl.patches import engine
-from npu_rl.patches.export import export, header_to_message
+from npu_rl.patches.export import export, install_series, patch_message
 from npu_rl.patches.series import PATCHES_DIR, Series, load_series
+from npu_rl.table import splice_table
 
 STAGE_DIR = ".bump"
 COMMIT_MARK = "COMMIT"
@@ -291,7 +292,7 @@ def _build_stage(up: Upstream, new: Upstream, sources_dir: Path, series: Series,
         for p in series.patches:
             git(path, "apply", "--cached", "--whitespace=nowarn", "-", env=env, stdin=p.data)
             tree = git(path, "write-tree", env=env)
-            parent = git(path, "commit-tree", tree, "-p", parent, "-m", _message(p), env={**env, **_DATES})
+            parent = git(path, "commit-tree", tree, "-p", parent, "-m", patch_message(p), env={**env, **_DATES})
             commits.append(parent)
 
     Tree(path)._with_temp_index(build, seed_from_real=False)
@@ -299,16 +300,7 @@ def _build_stage(up: Upstream, new: Upstream, sources_dir: Path, series: Series,
     st.old_commits = commits
 
 
-def _message(p) -> str:
-    msg = header_to_message(p.data)
-    from npu_rl.patches.export import slugify
-
-    if "Name:" not in msg and slugify(p.meta["Subject"]) != p.slug:
-        msg = msg.rstrip("\n") + f"\nName: {p.slug}\n"
-    return msg
-
-
-def _conflict_report(path: Path, patch_name: str, data: bytes) -> str:
+def _conflict_report(path: Path, data: bytes) -> str:
     files = git(path, "diff", "--name-only", "--diff-filter=U").split()
     lines = []
     for f in files:
@@ -394,7 +386,7 @@ def _replay(stage: Path, st: BumpState, series: Series, opts: BumpOptions, log) 
                 else:
                     st.conflict, st.head_at_conflict = name, head
                     st.save(stage)
-                    report = _conflict_report(path, name, patch.data)
+                    report = _conflict_report(path, patch.data)
                     raise ConflictError(
                         f"{name} conflicts with {st.name} {st.to_version}:\n{report}\n"
                         f"  The old pin ({st.name} {st.from_version}) is untouched. To go on: in {path}, resolve the "
@@ -422,11 +414,10 @@ def _reverse_applies(path: Path, data: bytes) -> bool:
 # --- the new lock entry -------------------------------------------------------------------------
 def _note_addition(st: BumpState, series_after: Series) -> str:
     date = _dt.date.today().isoformat()
-    commit = f"commit {st.commit_how}" if st.commit else f"commit {st.commit_how}"
     parts = [f"Bumped from {st.from_version} on {date} with 'apply_all_patches.sh bump'"]
     if st.filename:
         parts.append(f"sha256 computed from {st.filename} as downloaded")
-    parts.append(commit)
+    parts.append(f"commit {st.commit_how}")
     dropped = sorted(set(st.dropped) | set(st.contained))
     if dropped:
         parts.append("patches dropped (upstream contains them): " + ", ".join(dropped))
@@ -464,15 +455,13 @@ def write_lock_entry(lock_text: str, new: Upstream, note_addition: str) -> str:
 def regenerate_readme(readme: Path, lock_path: Path) -> bool:
     """Rewrite the stack table between ``<!-- stack-table:begin/end -->`` in ``readme`` from the
     lock. Returns False (and changes nothing) when the file or its markers are missing."""
-    begin, end = "<!-- stack-table:begin -->\n", "\n<!-- stack-table:end -->"
     if not readme.is_file():
         return False
     text = readme.read_text(encoding="utf-8")
-    if begin not in text or end not in text:
+    try:
+        new = splice_table(text, "stack", stack_table(load_lock(lock_path)))
+    except KeyError:
         return False
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    new = head + begin + stack_table(load_lock(lock_path)) + end + tail
     if new != text:
         tmp = readme.with_name(f".{readme.name}.tmp")
         tmp.write_text(new, encoding="utf-8")
@@ -526,14 +515,7 @@ def _switch(stage: Path, sources_dir: Path, st: BumpState, readme: Path | None, 
     """Carry out the journal in ``stage/COMMIT``; every step can be redone after a kill."""
     journal = json.loads((stage / COMMIT_MARK).read_text(encoding="utf-8"))
     lock_path, patches = Path(journal["lock"]), Path(journal["patches"])
-    staged = stage / "patches" / st.name
-    patches.mkdir(parents=True, exist_ok=True)
-    names = {p.name for p in staged.iterdir()}
-    for p in staged.iterdir():
-        shutil.copyfile(p, patches / p.name)
-    for old in patches.glob("*.patch"):
-        if old.name not in names:
-            old.unlink()
+    install_series(stage / "patches" / st.name, patches)
     _kill_point("after-patches")
     new_tree, target = stage / "tree" / st.name, sources_dir / st.name
     if new_tree.exists():

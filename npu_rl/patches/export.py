@@ -48,6 +48,28 @@ def header_to_message(data: bytes) -> str:
     return subject + "\n\n" + "\n".join(lines[1:]).strip("\n") + "\n"
 
 
+def patch_message(p) -> str:
+    """The commit message of patch ``p`` (a :class:`~npu_rl.patches.series.Patch`): its header as
+    :func:`header_to_message` writes it, plus ``Name:`` when the subject would not give its slug
+    back, so ``export`` reproduces the file name."""
+    msg = header_to_message(p.data)
+    if "Name:" not in msg and slugify(p.meta["Subject"]) != p.slug:
+        msg = msg.rstrip("\n") + f"\nName: {p.slug}\n"
+    return msg
+
+
+def install_series(staged: Path, out_dir: Path) -> None:
+    """Make ``out_dir`` hold the series in ``staged`` (a validated folder of ``*.patch`` + ``series``):
+    every staged file copied over, every other ``*.patch`` removed. Idempotent."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = {f.name for f in staged.iterdir()}
+    for old in out_dir.glob("*.patch"):
+        if old.name not in names:
+            old.unlink()
+    for name in sorted(names):
+        shutil.copyfile(staged / name, out_dir / name)
+
+
 def message_to_header(message: str, name_hint: str) -> tuple[str, str, str]:
     """Commit message -> (header text, kind, slug). The optional ``Name:`` field picks the slug."""
     subject, _, body = message.strip("\n").partition("\n")
@@ -76,10 +98,7 @@ def edit(up: Upstream, sources_dir: Path, patches_dir: Path | None = None, log=p
     for p in plan.series.patches:
         plan.tree.apply(p.name, p.data)
         git(plan.tree.path, "add", "--all", ".")
-        msg = header_to_message(p.data)
-        if "Name:" not in msg and slugify(p.meta["Subject"]) != p.slug:
-            msg = msg.rstrip("\n") + f"\nName: {p.slug}\n"
-        git(plan.tree.path, "commit", "--quiet", "--no-verify", "-m", msg, env=dates)
+        git(plan.tree.path, "commit", "--quiet", "--no-verify", "-m", patch_message(p), env=dates)
         log(f"committed {p.name}")
     log(
         f"{plan.tree.path}: {plan.n} commit(s) on top of '{BASELINE_TAG}'. Edit with git, then run "
@@ -167,14 +186,9 @@ def export(
             encoding="utf-8",
         )
         series = load_series(up.name, Path(tmp))
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for old in out_dir.glob("*.patch"):
-            if old.name not in names:
-                old.unlink()
-        for name in [*names, "series"]:
-            shutil.copyfile(staging / name, out_dir / name)
+        install_series(staging, out_dir)
     log(f"exported {len(series.patches)} patch(es) to {out_dir} (series {series.digest})")
     return [out_dir / n for n in names]
 
 
-__all__ = ["edit", "export", "slugify", "SeriesError"]
+__all__ = ["edit", "export", "install_series", "patch_message", "slugify", "SeriesError"]

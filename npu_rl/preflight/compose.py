@@ -382,7 +382,7 @@ REMOVED_UPSTREAM = {
 
 def _fix_unknown(tree: dict, key: str, alternates: _Alternates | None = None) -> str:
     for tail, why in REMOVED_UPSTREAM.items():
-        if key == tail or key.endswith("." + tail) or f".{tail}." in f".{key}." or key.startswith(tail + "."):
+        if f".{tail}." in f".{key}.":  # the key is, ends with, or lies under the removed one
             return why
     s = suggest(tree, key)
     if s:
