@@ -190,3 +190,27 @@ def test_resampler_evidence_from_epoch_lines(tmp_path, capsys):
     wide = epoch_line(1, np.array([1, 0, 3, 2]), two, 0, shuffled)  # buckets [0, 3], [0, 3]: every batch spans all
     assert e2e.main(["check", str(_run_dir(tmp_path, [dump, epoch0, wide, *steps]))]) == 1
     assert "narrower than the epoch: False" in capsys.readouterr().out
+
+
+def test_resampler_evidence_matches_the_sampler_at_bucket_edges(tmp_path, capsys):
+    """The CI run of 2026-12-01 16:33: predictions just below a bucket edge (7.6, 15.7 with 8-token
+    buckets) were printed rounded to nearest, so the checker put them one bucket up and called the
+    sampler's own, correctly sorted order "not ascending". The order the sampler makes must pass."""
+    import numpy as np
+
+    from npu_rl.sampler import epoch_line
+    from npu_rl.sampler.core import OrderParams, epoch_order
+
+    params = OrderParams(batch_size=10, bucket_size=8, shuffle_batch_blocks=False)
+    # epoch 1 of that run, as the table held it: 7 prompts in [0, 8), 3 at the 8 and 16 edges, ...
+    predicted = np.array([5.2, 4.1, 4.4, 3.0, 6.3, 7.6, 2.2, 15.7, 14.0, 7.9, 13.1, 15.2, 10.4, 14.3, 13.0,
+                          15.6, 21.0, 20.2, 27.4, 26.1])  # fmt: skip
+    order, tail = epoch_order(predicted, params, seed=0, epoch=1)
+    buckets = np.floor(predicted[order] / 8).reshape(2, 10)
+    assert buckets[0].max() <= buckets[1].min()  # the sampler's order is ascending by bucket
+    dump = "(TaskRunnerV1 pid=1) 'sampler': {'class_name': 'LengthAwareEpochSampler',"
+    epoch0 = epoch_line(0, np.arange(20), np.full(20, np.nan), 0, params)
+    epoch1 = epoch_line(1, order, predicted, tail, params)
+    steps = [_step(i, sampler__table_coverage=1.0) for i in range(1, 5)]
+    assert e2e.main(["check", str(_run_dir(tmp_path, [dump, epoch0, epoch1, *steps]))]) == 0
+    assert "ascending: True" in capsys.readouterr().out

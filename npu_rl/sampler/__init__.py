@@ -228,8 +228,11 @@ def epoch_line(epoch: int, order: np.ndarray, predicted: np.ndarray, tail: int, 
     """The log line of one epoch's order: dataset positions in sampling order and each one's
     predicted response length (tokens, ``-`` when unknown), e.g.
     ``[npu-rl] length-aware sampler: epoch 1 (20 prompts, batch 10, bucket 8 tok, tail 0, shuffled no): order 3,7,...
-    predicted 12,15,...``. :func:`parse_epoch_lines` reads it back."""
-    preds = ",".join("-" if not np.isfinite(predicted[i]) else str(int(round(predicted[i]))) for i in order)
+    predicted 12,15,...``. :func:`parse_epoch_lines` reads it back. Predictions are printed rounded
+    *down* to whole tokens: ``floor(floor(p) / b) == floor(p / b)`` for a whole-token bucket ``b``, so a
+    reader recomputes exactly the buckets :func:`~npu_rl.sampler.core.epoch_order` sorted by (rounding
+    to nearest would move 7.6 into the next 8-token bucket)."""
+    preds = ",".join("-" if not np.isfinite(predicted[i]) else str(int(np.floor(predicted[i]))) for i in order)
     return (
         f"[npu-rl] length-aware sampler: epoch {epoch} ({len(order)} prompts, batch {params.batch_size}, "
         f"bucket {params.bucket_size} tok, tail {tail}, shuffled {'yes' if params.shuffle_batch_blocks else 'no'}): "
