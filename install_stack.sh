@@ -23,12 +23,15 @@ install::pip() {
 }
 
 install::upstreams() {
-    local sources="$NPU_RL_ROOT/sources" name
+    # $1: the constraints file of the environment. The editable trees install --no-deps, so it
+    # only binds TransferQueue here; it is passed anyway so that no pip call of a stack goes unpinned.
+    local constraints="$1" sources="$NPU_RL_ROOT/sources" name
     for name in verl vllm megatron-core mbridge; do
         [[ -d "$sources/$name/.git" ]] ||
             common::die "$sources/$name is missing: run 'bash download_sources.sh && bash apply_all_patches.sh' first"
     done
-    # Build tools for vllm live outside the venv: setuptools-scm wants packaging >= 26, tensordict < 26.
+    # Build tools for vllm live outside the venv: setuptools-scm wants packaging >= 26, tensordict < 26
+    # (so they cannot take the environment's constraints either: constraints/build-tools.txt pins them).
     local tools="$VENV/build-tools"
     if [[ ! -d "$tools/setuptools_scm" ]]; then
         common::log "build tools -> $tools"
@@ -41,16 +44,16 @@ install::upstreams() {
     common::log "vllm $version (VLLM_TARGET_DEVICE=empty, editable, from $sources/vllm)"
     PYTHONPATH="$tools" PATH="$tools/bin:$VENV/bin:$PATH" VLLM_TARGET_DEVICE=empty \
         SETUPTOOLS_SCM_PRETEND_VERSION="$version" CARGO=false RUSTUP_AUTO_INSTALL=0 \
-        install::pip --no-build-isolation --no-deps -e "$sources/vllm"
+        install::pip -c "$constraints" --no-build-isolation --no-deps -e "$sources/vllm"
     # setuptools-scm rewrites the tracked vllm/_version.py (commit id -> None): put the
     # pristine file back so the patch engine still sees the tree exactly as the series left it.
     git -C "$sources/vllm" checkout --quiet -- vllm/_version.py
     common::log "verl, megatron-core, mbridge (editable, --no-deps), TransferQueue, npu_rl"
     # megatron-core's setup.py runs "python3 -m pybind11": the venv's python must come first.
-    PATH="$VENV/bin:$PATH" install::pip --no-build-isolation --no-deps \
+    PATH="$VENV/bin:$PATH" install::pip -c "$constraints" --no-build-isolation --no-deps \
         -e "$sources/verl" -e "$sources/megatron-core" -e "$sources/mbridge" \
         "transferqueue==0.1.8"
-    PATH="$VENV/bin:$PATH" install::pip --no-build-isolation --no-deps -e "$NPU_RL_ROOT"
+    PATH="$VENV/bin:$PATH" install::pip -c "$constraints" --no-build-isolation --no-deps -e "$NPU_RL_ROOT"
 }
 
 install::vllm_requirements() {
@@ -89,10 +92,11 @@ PY
 }
 
 install::cpu() {
+    local constraints="$NPU_RL_ROOT/constraints/cpu.txt"
     common::log "CPU environment in $VENV"
-    install::pip -c "$NPU_RL_ROOT/constraints/cpu.txt" -r "$NPU_RL_ROOT/constraints/cpu-dev.in"
-    install::vllm_requirements "$NPU_RL_ROOT/constraints/cpu.txt"
-    install::upstreams
+    install::pip -c "$constraints" -r "$NPU_RL_ROOT/constraints/cpu-dev.in"
+    install::vllm_requirements "$constraints"
+    install::upstreams "$constraints"
     install::vllm_cpu_kernels
 }
 
@@ -101,15 +105,17 @@ install::npu() {
         common::die "CANN is not sourced (ASCEND_TOOLKIT_HOME unset): source /usr/local/Ascend/ascend-toolkit/set_env.sh first"
     "$VENV/bin/python" -c 'import torch, torch_npu' 2>/dev/null ||
         common::die "$VENV has no torch/torch_npu: use the A3 image (docker/), or install torch 2.10.0 + torch_npu 2.10.0.post4 first"
+    # constraints/npu.txt pins every package of the environment (tools/lock_npu_env.py), so images
+    # built on different days install the same versions; shared ones equal constraints/cpu.txt's.
+    local constraints="$NPU_RL_ROOT/constraints/npu.txt" sources="$NPU_RL_ROOT/sources"
     common::log "NPU environment in $VENV (keeps the image's torch/torch_npu)"
-    install::pip -c "$NPU_RL_ROOT/constraints/npu.txt" -r "$NPU_RL_ROOT/constraints/npu.in"
-    install::upstreams
-    local sources="$NPU_RL_ROOT/sources"
-    install::vllm_requirements "$NPU_RL_ROOT/constraints/npu.txt"
+    install::pip -c "$constraints" -r "$NPU_RL_ROOT/constraints/npu.in"
+    install::upstreams "$constraints"
+    install::vllm_requirements "$constraints"
     common::log "vllm-ascend (built against CANN, editable; SOC_VERSION=${SOC_VERSION:-from npu-smi})"
-    PATH="$VENV/bin:$PATH" install::pip --no-build-isolation --no-deps -e "$sources/vllm-ascend"
+    PATH="$VENV/bin:$PATH" install::pip -c "$constraints" --no-build-isolation --no-deps -e "$sources/vllm-ascend"
     if [[ -d "$sources/mindspeed" ]]; then
-        install::pip --no-deps -e "$sources/mindspeed"
+        install::pip -c "$constraints" --no-deps -e "$sources/mindspeed"
     else
         common::die "$sources/mindspeed is missing: run 'bash download_sources.sh --from git --only mindspeed' on a machine that reaches its host"
     fi
