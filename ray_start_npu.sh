@@ -28,7 +28,7 @@ main() {
     fi
     local py
     py="$(launch::python)"
-    PYTHONPATH="$NPU_RL_ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$py" -m npu_rl.launch "$@"
+    PYTHONPATH="$NPU_RL_ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$py" -P -m npu_rl.launch "$@"
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then

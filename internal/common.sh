@@ -30,7 +30,7 @@ common::_python_ok() {
     "$1" - <<'PY' >/dev/null 2>&1
 import sys
 assert sys.version_info >= (3, 11)
-import git, pypi_simple, tqdm  # noqa: F401
+import filelock, git, pypi_simple, tqdm  # noqa: F401
 PY
 }
 
@@ -40,7 +40,7 @@ common::python() {
         # An explicit choice is honoured: used as is, or as the base of .venv-tools if it lacks the deps.
         candidates=("$NPU_RL_PYTHON" "$NPU_RL_ROOT/.venv-tools/bin/python")
         common::_python_ok "$NPU_RL_PYTHON" ||
-            common::log "NPU_RL_PYTHON=$NPU_RL_PYTHON lacks GitPython/pypi-simple/tqdm: using .venv-tools built from it"
+            common::log "NPU_RL_PYTHON=$NPU_RL_PYTHON lacks GitPython/pypi-simple/tqdm/filelock: using .venv-tools built from it"
     else
         candidates=("$NPU_RL_ROOT/.venv/bin/python" "$NPU_RL_ROOT/.venv-tools/bin/python" "$(command -v python3 || true)")
     fi
@@ -54,16 +54,19 @@ common::python() {
     [[ -n "$base" ]] || common::die "no python3 found; install Python 3.11 (or set NPU_RL_PYTHON)"
     "$base" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
         common::die "$base is Python $("$base" -c 'import sys; print(sys.version.split()[0])'); Python >= 3.11 is needed (set NPU_RL_PYTHON)"
-    common::log "bootstrapping tool environment $NPU_RL_ROOT/.venv-tools (GitPython, pypi-simple, tqdm)"
+    common::log "bootstrapping tool environment $NPU_RL_ROOT/.venv-tools (GitPython, pypi-simple, tqdm, filelock)"
     "$base" -m venv "$NPU_RL_ROOT/.venv-tools" >&2 || common::die "cannot create $NPU_RL_ROOT/.venv-tools"
     "$NPU_RL_ROOT/.venv-tools/bin/python" -m pip install --quiet -r "$NPU_RL_ROOT/constraints/tools.txt" >&2 ||
         common::die "installing the tool dependencies failed (see pip's message above)"
     printf '%s\n' "$NPU_RL_ROOT/.venv-tools/bin/python"
 }
 
-# Run "python -m MODULE ARGS..." from the repository root's package, whatever the caller's cwd.
+# Run "python -m MODULE ARGS..." from the repository root's package, whatever the caller's cwd:
+# -P (safe path, Python >= 3.11) keeps the current directory off sys.path, so a folder holding
+# another npu_rl/ (another checkout) is never imported; npu_rl.entry handles SIGINT/SIGTERM/SIGHUP
+# from the first line on.
 common::run_module() {
     local py
     py="$(common::python)"
-    PYTHONPATH="$NPU_RL_ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$py" -m "$@"
+    PYTHONPATH="$NPU_RL_ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$py" -P -m npu_rl.entry "$@"
 }

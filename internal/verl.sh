@@ -11,11 +11,11 @@ run_verl() {
     local py="${NPU_RL_TRAIN_PYTHON:-python3}"
     if [[ "${NPU_RL_MODE:-run}" == plan ]]; then
         PYTHONPATH="$NPU_RL_ROOT${PYTHONPATH:+:$PYTHONPATH}" \
-            "$py" -m npu_rl.preflight check --recipe "${NPU_RL_RECIPE:-$0}" -- "$@"
+            "$py" -P -m npu_rl.preflight check --recipe "${NPU_RL_RECIPE:-$0}" -- "$@"
     elif [[ -n "${NPU_RL_RUN_DIR:-}" ]]; then
         # Under the launcher, Hydra's output folder goes into the run's log directory.
-        "$py" -m verl.trainer.main_ppo "hydra.run.dir=$NPU_RL_RUN_DIR/hydra" "$@"
+        "$py" -P -m verl.trainer.main_ppo "hydra.run.dir=$NPU_RL_RUN_DIR/hydra" "$@"
     else
-        "$py" -m verl.trainer.main_ppo "$@"
+        "$py" -P -m verl.trainer.main_ppo "$@"
     fi
 }

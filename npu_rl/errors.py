@@ -1,5 +1,7 @@
 """One exception hierarchy for the whole package; CLIs turn these into messages and exit codes."""
 
+from __future__ import annotations
+
 
 class NpuRlError(Exception):
     """Base of every error this package raises on bad input or a refused operation.
@@ -97,3 +99,61 @@ class PreflightError(NpuRlError):
     """The preflight rejected the recipe; the message lists every problem with its key and fix."""
 
     exit_code = 65
+
+
+class IOFailure(NpuRlError):
+    """The file system or git refused a write (disk full, read-only, permission, a git lock file
+    held): nothing was changed, or every tree was put back. The message names the path and the fix.
+    """
+
+    exit_code = 7
+
+    #: (words in git's or the OS's message, what it is, what to do): the first match wins.
+    KINDS = (
+        (
+            ("No space left on device", "Out of diskspace", "Disk quota exceeded"),
+            "disk full",
+            "free space on the file system of {path} (df -h {path})",
+        ),
+        (
+            ("Read-only file system",),
+            "read-only file system",
+            "make {path} writable (a read-only mount or image layer?)",
+        ),
+        (
+            ("Permission denied", "Operation not permitted"),
+            "permission denied",
+            "give this user write access to {path}",
+        ),
+        (
+            ("index.lock': File exists", "index.lock: File exists"),
+            "git lock file held",
+            "another git process is running in {path}, or one crashed: when none runs, rm -f {path}/.git/index.lock",
+        ),
+        (("Input/output error",), "I/O error", "check the disk or the network file system behind {path}"),
+    )
+
+    @classmethod
+    def classify(cls, message: str) -> tuple[str, str] | None:
+        """``(kind, fix template)`` when ``message`` (git's or the OS's) is an I/O failure, else None."""
+        for words, kind, fix in cls.KINDS:
+            if any(w in message for w in words):
+                return kind, fix
+        return None
+
+    @classmethod
+    def from_os_error(cls, exc: OSError, doing: str) -> IOFailure:
+        path = exc.filename or "?"
+        kind, fix = cls.classify(exc.strerror or str(exc)) or ("I/O error", "check {path}")
+        return cls(f"{kind} while {doing}: {path}: {exc.strerror or exc}. Fix: {fix.format(path=path)}")
+
+
+class SourcesBusy(NpuRlError):
+    """Another set-up command holds the sources folder's lock past the timeout (the message names it)."""
+
+    exit_code = 8
+
+
+class RollbackIncomplete(VerifyError):
+    """A failure or interrupt started a rollback that could not restore every tree; the message
+    lists each such tree with the reason and the command that fixes it."""

@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover - depends on the interpreter
         "or pip install -r constraints/tools.txt"
     ) from None
 
-from npu_rl.errors import NpuRlError
+from npu_rl.errors import IOFailure, NpuRlError
 
 #: Tag of the baseline commit in every tree.
 BASELINE_TAG = "upstream"
@@ -77,8 +77,14 @@ def git(
 ) -> str:
     """Run ``git args...`` in ``cwd`` and return stdout (str).
 
+    git runs in a session of its own: a terminal's Ctrl-C (sent to the whole foreground process
+    group) reaches only our process, which decides when to stop (:mod:`npu_rl.signals`), so no git
+    is killed halfway through writing a tree.
+
     Raises:
-        gitpython.GitCommandError: git exited non-zero; ``.stderr`` holds git's message.
+        GitIOError: git failed because the file system refused (disk full, read-only, permission,
+            a held ``index.lock``); the message names the tree and the fix.
+        gitpython.GitCommandError: any other failure; ``.stderr`` holds git's message.
     """
     runner = gitpython.Git(str(cwd))
     kwargs = {
@@ -86,14 +92,43 @@ def git(
         "with_extended_output": False,
         "strip_newline_in_stdout": strip,
         "kill_after_timeout": timeout,
+        "start_new_session": True,
     }
-    if stdin is not None:
-        # GitPython streams istream to the process; a temporary file keeps large patches safe.
-        with tempfile.TemporaryFile() as fh:
-            fh.write(stdin)
-            fh.seek(0)
-            return runner.execute(["git", *args], istream=fh, **kwargs)
-    return runner.execute(["git", *args], **kwargs)
+    try:
+        if stdin is not None:
+            # GitPython streams istream to the process; a temporary file keeps large patches safe.
+            with tempfile.TemporaryFile() as fh:
+                fh.write(stdin)
+                fh.seek(0)
+                return runner.execute(["git", *args], istream=fh, **kwargs)
+        return runner.execute(["git", *args], **kwargs)
+    except gitpython.GitCommandError as exc:
+        io = GitIOError.from_git(Path(cwd), args, git_error_text(exc))
+        if io is not None:
+            raise io from None
+        raise
+    except OSError as exc:  # the temporary file (disk full) or git itself could not be started
+        raise IOFailure.from_os_error(exc, f"running git {args[0] if args else ''} in {cwd}") from None
+
+
+class GitIOError(IOFailure):
+    """git failed because the file system refused a write; ``kind`` says how (see IOFailure.KINDS)."""
+
+    def __init__(self, message: str, path: Path, kind: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.kind = kind
+
+    @classmethod
+    def from_git(cls, tree: Path, args: tuple[str, ...], text: str) -> GitIOError | None:
+        found = IOFailure.classify(text)
+        if found is None:
+            return None
+        kind, fix = found
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        said = next((ln for ln in lines if any(w in ln for ws, k, _ in IOFailure.KINDS if k == kind for w in ws)), "")
+        sub = next((a for a in args if not a.startswith("-")), "git")
+        return cls(f"{kind} in {tree}: git {sub} said: {said or lines[-1]}. Fix: {fix.format(path=tree)}", tree, kind)
 
 
 def git_error_text(exc: gitpython.GitCommandError) -> str:
@@ -250,7 +285,30 @@ class Tree:
         """Make the working tree and index exactly the baseline (untracked files removed,
         ignored build artefacts kept), with HEAD on the baseline commit."""
         git(self.path, "reset", "--quiet", "--hard", f"refs/tags/{BASELINE_TAG}")
+        self.clean()
+
+    def clean(self) -> None:
+        """Remove untracked files and folders (ignored build artefacts kept); frees the space the
+        patches' new files took, and needs no index lock."""
         git(self.path, "clean", "--quiet", "-d", "--force")
+
+    def unapply(self, patches: Iterable[tuple[str, bytes]]) -> None:
+        """Reverse ``(label, data)`` patches on the working tree, last first (``git apply -R``: the
+        index is not written, so a held ``index.lock`` does not stop it).
+
+        Raises:
+            PatchApplyError: a patch does not reverse (the tree is not in the state it produced).
+        """
+        for label, data in reversed(list(patches)):
+            try:
+                git(self.path, "apply", "-R", "--whitespace=nowarn", "-", stdin=data)
+            except gitpython.GitCommandError as exc:
+                raise PatchApplyError(label, git_error_text(exc)) from None
+
+    def index_lock(self) -> Path | None:
+        """The tree's ``.git/index.lock`` when one exists (a git running there, or one that crashed)."""
+        lock = self.path / ".git" / "index.lock"
+        return lock if lock.exists() else None
 
 
 class PatchApplyError(NpuRlError):

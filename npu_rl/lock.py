@@ -21,7 +21,7 @@ _SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _ARCHIVE_SUFFIXES = (".tar.gz", ".zip", ".whl")
 
-_UPSTREAM_KEYS = {"name", "version", "git", "ref", "commit", "patch_root", "paths", "note", "pypi"}
+_UPSTREAM_KEYS = {"name", "version", "git", "ref", "commit", "patch_root", "paths", "note", "pypi", "optional"}
 _REQUIRED_KEYS = {"name", "version", "git", "ref"}
 _PYPI_KEYS = {"project", "filename", "sha256"}
 _ARTIFACT_KEYS = {"name", "version", "used_for", "note", "pypi"}
@@ -49,6 +49,9 @@ class Upstream:
     paths: tuple[str, ...] = ()
     note: str = ""
     pypi: PypiArchive | None = None
+    #: git only, and needed by the NPU stack only: download_sources.sh may skip it where its host is
+    #: unreachable (a CPU machine, CI); every other upstream that cannot be fetched is a failure.
+    optional: bool = False
 
     @property
     def identity(self) -> str:
@@ -164,6 +167,11 @@ def _parse_upstream(path: Path, index: int, table: dict) -> Upstream:
     paths = table.get("paths", [])
     if not isinstance(paths, list) or not all(isinstance(x, str) and x and not x.startswith("/") for x in paths):
         raise LockError(f"{where}: paths must be a list of relative paths, got {paths!r}")
+    optional = table.get("optional", False)
+    if not isinstance(optional, bool):
+        raise LockError(f"{where}: optional must be true or false, got {optional!r}")
+    if optional and pypi is not None:
+        raise LockError(f"{where}: optional = true is for git-only upstreams; this one has an index archive")
     return Upstream(
         name=table["name"],
         version=table["version"],
@@ -174,6 +182,7 @@ def _parse_upstream(path: Path, index: int, table: dict) -> Upstream:
         paths=tuple(paths),
         note=table.get("note", ""),
         pypi=pypi,
+        optional=optional,
     )
 
 

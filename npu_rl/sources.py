@@ -23,8 +23,16 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from npu_rl import REPO_ROOT
-from npu_rl.errors import DigestError, LockError, NpuRlError, SourceError, SourceUnreachable, TreeStateError
+from npu_rl import REPO_ROOT, signals, srclock
+from npu_rl.errors import (
+    DigestError,
+    IOFailure,
+    LockError,
+    NpuRlError,
+    SourceError,
+    SourceUnreachable,
+    TreeStateError,
+)
 from npu_rl.gittree import IDENTITY_TRAILER, SOURCE_TRAILER, Tree, git, git_error_text, gitpython, init_baseline
 from npu_rl.lock import Artifact, Lock, Upstream, load_lock
 from npu_rl.table import format_table
@@ -122,6 +130,14 @@ class Downloader:
         """
         assert up.pypi is not None
         self.archives.mkdir(parents=True, exist_ok=True)
+        # The cache is often shared (an NFS home): one process per archive at a time, or a second
+        # node would take the first one's .part for a leftover and delete it mid-download.
+        with srclock.exclusive(
+            self.archives, f"downloading {up.pypi.filename}", self.log, name=f".{up.pypi.filename}.lock"
+        ):
+            return self._fetch_locked(up)
+
+    def _fetch_locked(self, up: Upstream | Artifact) -> tuple[Path, str]:
         final = self.archives / up.pypi.filename
         part = final.with_name(final.name + ".part")
         again = False
@@ -264,15 +280,17 @@ def _install_tree(up: Upstream, built_root: Path, dest: Path, source: str, force
     trailers = {IDENTITY_TRAILER: up.identity, SOURCE_TRAILER: source}
     init_baseline(built_root, f"{up.name} {up.version}: pristine upstream tree", trailers)
     target = dest / up.name
-    if target.exists():
-        if not force:  # checked before downloading; re-checked in case it appeared meanwhile
-            raise TreeStateError(f"{target} exists; use --force to replace it")
-        trash = dest / f".{up.name}.old-{os.getpid()}"
-        os.replace(target, trash)
-        os.replace(built_root, target)
-        shutil.rmtree(trash)
-    else:
-        os.replace(built_root, target)
+    with signals.deferred("replacing the tree"):  # the two renames are not split by a signal
+        if target.exists():
+            if not force:  # checked before downloading; re-checked in case it appeared meanwhile
+                raise TreeStateError(f"{target} exists; use --force to replace it")
+            trash = dest / f".{up.name}.old-{os.getpid()}"
+            os.replace(target, trash)
+            os.replace(built_root, target)
+            shutil.rmtree(trash, ignore_errors=True)  # a leftover is removed by the next run
+        else:
+            os.replace(built_root, target)
+    signals.check()
 
 
 def build_from_archive(up: Upstream, archive: Path, dest: Path, force: bool) -> None:
@@ -345,10 +363,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="download_sources.sh",
         description="Download the pinned upstream trees (sources.lock) into DEST as baseline git trees.",
-        epilog="exit codes: 0 every requested tree is at its pin (SKIPPED lines are not failures); "
-        "1 a download or verification failed; 2 usage (also an unknown --only name); "
+        epilog="exit codes: 0 every requested tree is at its pin (SKIPPED: only a git-only upstream that "
+        "sources.lock marks optional, or one under --no-git); "
+        "1 a download or verification failed (an unreachable index included); 2 usage (also an unknown --only name); "
         "3 a tree is at another pin (use --force); "
-        "4 sources.lock is malformed.\n"
+        "4 sources.lock is malformed; 7 the file system refused a write (disk full, read-only); "
+        "8 another set-up command holds DEST (named) past NPU_RL_LOCK_TIMEOUT; 129/130/143 SIGHUP/SIGINT/SIGTERM.\n"
         "environment: NPU_RL_CACHE (archive cache), PIP_INDEX_URL / pip.conf (package index), "
         "NPU_RL_GIT_TIMEOUT (seconds per git fetch).",
     )
@@ -427,7 +447,21 @@ def process(
     return out
 
 
+def _skippable(up: Upstream | Artifact, how: str, only: bool, no_git: bool) -> str | None:
+    """Why an unreachable upstream may be skipped, or None when that is a failure: only the git-only
+    upstreams the lock marks optional (the NPU stack's), or git-only ones under --no-git; never one
+    asked for by name (--only)."""
+    if only or isinstance(up, Artifact):
+        return None
+    if no_git and up.pypi is None:
+        return "--no-git"
+    if up.optional and up.pypi is None:
+        return "optional in sources.lock (the NPU stack needs it: install_stack.sh --npu and docker/ fail without it)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    signals.install()
     args = build_parser().parse_args(argv)
     started = time.monotonic()
     try:
@@ -440,24 +474,41 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     dest = (args.dest or REPO_ROOT / "sources").resolve()
-    dest.mkdir(parents=True, exist_ok=True)
     downloader = Downloader(cache_dir(), log=lambda m: print(m, file=sys.stderr))
     rows, failures, code = [], [], 0
-    for up in ups:
-        try:
-            rows.append(process(up, args.source, dest, downloader, args.force, args.no_git))
-        except SourceUnreachable as exc:
-            if args.only:
-                failures.append(f"{up.name}: {exc}")
-                code = max(code, exc.exit_code)
-                rows.append(Outcome(up.name, up.version, args.source, "-", "FAILED"))
-            else:
-                print(f"SKIPPED {up.name}: {exc}")
-                rows.append(Outcome(up.name, up.version, "-", "-", "SKIPPED"))
-        except NpuRlError as exc:
-            failures.append(str(exc))
-            code = max(code, exc.exit_code)
-            rows.append(Outcome(up.name, up.version, "-", "-", "FAILED"))
+    try:
+        with srclock.exclusive(dest, "download_sources.sh " + " ".join(argv if argv is not None else sys.argv[1:])):
+            srclock.clean_leftovers(dest, lambda m: print(m, file=sys.stderr))
+            for up in ups:
+                try:
+                    rows.append(process(up, args.source, dest, downloader, args.force, args.no_git))
+                except SourceUnreachable as exc:
+                    why = _skippable(up, args.source, bool(args.only), args.no_git)
+                    if why:
+                        print(f"SKIPPED {up.name}: {exc} ({why})")
+                        rows.append(Outcome(up.name, up.version, "-", "-", "SKIPPED"))
+                    else:
+                        failures.append(f"{up.name}: {exc}")
+                        code = max(code, exc.exit_code)
+                        rows.append(Outcome(up.name, up.version, args.source, "-", "FAILED"))
+                except NpuRlError as exc:
+                    failures.append(f"{up.name}: {exc}" if up.name not in str(exc) else str(exc))
+                    code = max(code, exc.exit_code)
+                    rows.append(Outcome(up.name, up.version, "-", "-", "FAILED"))
+                except OSError as exc:  # our own writes: disk full, read-only, permission
+                    failures.append(str(IOFailure.from_os_error(exc, f"building {up.name}")))
+                    code = max(code, IOFailure.exit_code)
+                    rows.append(Outcome(up.name, up.version, "-", "-", "FAILED"))
+    except NpuRlError as exc:  # the lock: busy, or the folder cannot be written
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt as exc:
+        print(
+            f"interrupted ({exc or 'SIGINT'}): trees already built are complete; the one being built was "
+            "discarded (its leftovers go at the next run); rerun the same command to go on",
+            file=sys.stderr,
+        )
+        return signals.exit_code(exc)
     head = ("upstream", "version", "source", "sha", "state", "time")
     print(format_table(head, [(r.name, r.version, r.source, r.sha, r.state, f"{r.seconds:.1f}s") for r in rows]))
     print(f"sources in {dest}; cache {downloader.archives}; took {time.monotonic() - started:.1f} s")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from npu_rl import REPO_ROOT
 from npu_rl.errors import DigestError, SourceUnreachable
 from npu_rl.gittree import Tree, git
 from npu_rl.lock import load_lock
@@ -68,7 +69,9 @@ def test_corrupted_archive_is_refused_and_removed(env, tmp_path, local_index, ar
     assert download("mbridge", dest=dest) == 1
     err = capsys.readouterr().err
     assert up.pypi.sha256 in err and "deleted" in err and local_index.url in err
-    assert not any((env / "archives").iterdir())  # neither the file nor a .part is kept
+    # neither the file nor a .part is kept (the per-archive lock file stays: unlinking a flock file
+    # on release would let a waiter and a newcomer hold two different locks)
+    assert not [p.name for p in (env / "archives").iterdir() if not p.name.endswith(".lock")]
     assert not (dest / "mbridge").exists()
 
 
@@ -151,17 +154,39 @@ def test_git_source_with_unknown_commit_is_refused(tmp_path, git_upstream):
     assert list(dest.iterdir()) == []  # nothing half-built left behind
 
 
-def test_unreachable_git_host_is_skipped_unless_named(tmp_path, git_upstream, capsys):
+def test_unreachable_git_host_fails_unless_optional_or_no_git(tmp_path, git_upstream, capsys):
     up, lock_file = git_upstream
     text = lock_file.read_text().replace(up.git, f"file://{tmp_path}/does-not-exist")
     lock_file.write_text(text)
     dest = tmp_path / "sources"
+    # a required upstream that cannot be fetched is a failure, named, not a SKIPPED line and exit 0
+    assert sources_main(["--dest", str(dest), "--lock", str(lock_file)]) == 1
+    captured = capsys.readouterr()
+    assert "SKIPPED" not in captured.out and "error: demo: cannot reach" in captured.err
+    # the user said not to contact git hosts: skipped, as asked
+    assert sources_main(["--dest", str(dest), "--lock", str(lock_file), "--no-git"]) == 0
+    assert "SKIPPED demo: git sources disabled by --no-git" in capsys.readouterr().out
+    # marked optional in the lock (the NPU-only MindSpeed): skipped with the reason
+    lock_file.write_text(text.replace('ref = "main"', 'ref = "main"\noptional = true'))
     assert sources_main(["--dest", str(dest), "--lock", str(lock_file)]) == 0
     out = capsys.readouterr().out
-    assert "SKIPPED demo: cannot reach" in out
+    assert "SKIPPED demo: cannot reach" in out and "optional in sources.lock" in out
+    # ... but never when asked for by name
     assert sources_main(["--dest", str(dest), "--lock", str(lock_file), "--only", "demo"]) == 1
     with pytest.raises(SourceUnreachable):
         build_from_git(load_lock(lock_file).get("demo"), dest, force=False)
+    assert sorted(p.name for p in dest.iterdir()) == [".npu-rl.lock"]  # nothing half-built left behind
+
+
+def test_optional_is_only_for_git_only_upstreams(tmp_path, lock):
+    from npu_rl.errors import LockError
+
+    text = (REPO_ROOT / "sources.lock").read_text().replace('name = "verl"\n', 'name = "verl"\noptional = true\n')
+    bad = tmp_path / "sources.lock"
+    bad.write_text(text)
+    with pytest.raises(LockError, match="optional = true is for git-only upstreams"):
+        load_lock(bad)
+    assert lock.get("mindspeed").optional and not lock.get("verl").optional
 
 
 def test_download_script_end_to_end_from_the_index(env, tmp_path, local_index, archive, lock):

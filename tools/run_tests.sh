@@ -53,7 +53,7 @@ tests::hadolint() {
 tests::upstream() {
     # "NAME PATH" lines from the Tests: fields of the patch series.
     local lines=() line name path count=0
-    mapfile -t lines < <(cd "$NPU_RL_ROOT" && "$PY" -m npu_rl.patches tests)
+    mapfile -t lines < <(cd "$NPU_RL_ROOT" && "$PY" -P -m npu_rl.patches tests)
     declare -A per_tree=()
     for line in "${lines[@]}"; do
         name="${line%% *}"
@@ -92,7 +92,7 @@ tests::cpu_run() {
         common::log "$name: the launcher exited 0 but left no run directory in $logs"
         rc=1
     elif ((rc == 0)); then
-        (cd "$NPU_RL_ROOT" && "$PY" -m npu_rl.e2e check "$run_dir" "${checks[@]}") || rc=$?
+        (cd "$NPU_RL_ROOT" && "$PY" -P -m npu_rl.e2e check "$run_dir" "${checks[@]}") || rc=$?
     fi
     if ((rc != 0)); then
         ((rc == 124)) && common::log "$name ran past its ${budget} s budget"

@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from npu_rl import REPO_ROOT
-from npu_rl.errors import NpuRlError
+from npu_rl import REPO_ROOT, signals, srclock
+from npu_rl.errors import IOFailure, NpuRlError
 from npu_rl.lock import load_lock
 from npu_rl.patches import engine, export
 from npu_rl.patches.series import load_series
@@ -23,6 +23,12 @@ EXIT_CODES = """exit codes:
   4  the series or sources.lock is malformed (naming, order, header, missing file)
   5  a tree did not reach the expected state after apply/revert (rolled back where possible)
   6  bump: upstream already contains some patches; rerun with --drop NAME... to confirm dropping them
+  7  the file system or git refused a write (disk full, read-only, permission, a held .git/index.lock):
+     the message names the path and the fix; every tree is as it was, or the message lists those that are not
+  8  another set-up command holds the sources folder (its pid and host are named) past NPU_RL_LOCK_TIMEOUT
+     (seconds, default 600)
+  129/130/143  SIGHUP / SIGINT (Ctrl-C) / SIGTERM: stopped; every tree changed was put back first
+environment: NPU_RL_SOURCES (default sources folder), NPU_RL_LOCK_TIMEOUT (seconds to wait for another run)
 """
 
 
@@ -134,6 +140,7 @@ def _bump(args, sources: Path, patches_dir: Path | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    signals.install()
     argv = list(sys.argv[1:] if argv is None else argv)
     maintainer = bool(argv) and argv[0] in ("edit", "export", "tests", "bump")
     parser = build_maintainer_parser() if maintainer else build_parser()
@@ -143,46 +150,66 @@ def main(argv: list[str] | None = None) -> int:
     sources = _sources_dir(args.sources)
     patches_dir = args.patches.resolve() if args.patches else None
     started = time.monotonic()
+    command = "apply_all_patches.sh " + " ".join(argv)
     try:
-        if maintainer and args.command == "bump":
-            return _bump(args, sources, patches_dir)
-        lock = load_lock(args.lock)
-        if maintainer:
-            if args.command == "tests":
-                for up in engine.select(lock, args.only):
-                    for p in load_series(up.name, patches_dir).patches:
-                        for t in p.tests:
-                            print(f"{up.name} {t}")
-                return 0
-            up = lock.get(args.name)
-            (export.edit if args.command == "edit" else export.export)(up, sources, patches_dir)
+        if maintainer and args.command == "tests":  # reads the series only: no lock needed
+            lock = load_lock(args.lock)
+            for up in engine.select(lock, args.only):
+                for p in load_series(up.name, patches_dir).patches:
+                    for t in p.tests:
+                        print(f"{up.name} {t}")
             return 0
-        if args.status:
-            rows = engine.status(lock, sources, patches_dir, args.only)
-            _print_status(rows)
-            from npu_rl.patches.bump import staged_bumps
-
-            for line in staged_bumps(sources):
-                print(f"bump: {line}")
-            return 0 if all(r.ok for r in rows) else 3
-        if args.revert:
-            engine.revert(lock, sources, patches_dir, args.only, force=args.force)
-        elif args.check:
-            engine.check(lock, sources, patches_dir, args.only)
-        else:
-            engine.apply(lock, sources, patches_dir, args.only)
+        read_only = not maintainer and (args.status or args.check)
+        with srclock.exclusive(sources, command.strip(), read_only=read_only):
+            srclock.clean_leftovers(sources, lambda m: print(m, file=sys.stderr))
+            code = _run(args, maintainer, sources, patches_dir)
+        if code:
+            return code
     except NpuRlError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
+    except OSError as exc:  # a write of ours (not git's) refused: disk full, read-only, permission
+        print(f"error: {IOFailure.from_os_error(exc, 'writing')}", file=sys.stderr)
+        return IOFailure.exit_code
+    except KeyboardInterrupt as exc:
+        what = f"interrupted ({exc})" if isinstance(exc, signals.Interrupted) else "interrupted"
         if maintainer and args.command == "bump":
             print(
-                "interrupted: the old pin is untouched unless the switch had begun; run the same command to go on "
+                f"{what}: the old pin is untouched unless the switch had begun; run the same command to go on "
                 "(or to finish the switch), or add --abort to discard the staged bump",
                 file=sys.stderr,
             )
         else:
-            print("interrupted", file=sys.stderr)
-        return 130
+            print(f"{what}: every tree changed was put back; nothing else was touched", file=sys.stderr)
+        return signals.exit_code(exc)
     print(f"done in {time.monotonic() - started:.1f} s")
+    return 0
+
+
+def _run(args, maintainer: bool, sources: Path, patches_dir: Path | None) -> int:
+    """The command itself, with the sources folder locked; returns an exit code (0 = go on)."""
+    if maintainer and args.command == "bump":
+        return _bump(args, sources, patches_dir)
+    lock = load_lock(args.lock)
+    if maintainer:
+        up = lock.get(args.name)
+        (export.edit if args.command == "edit" else export.export)(up, sources, patches_dir)
+        return 0
+    if args.status:
+        rows = engine.status(lock, sources, patches_dir, args.only)
+        _print_status(rows)
+        from npu_rl.patches.bump import staged_bumps
+
+        for line in staged_bumps(sources):
+            print(f"bump: {line}")
+        problems = engine.status_problems(rows)
+        for line in problems:
+            print(f"not consistent: {line}", file=sys.stderr)
+        return 3 if problems else 0
+    if args.revert:
+        engine.revert(lock, sources, patches_dir, args.only, force=args.force)
+    elif args.check:
+        engine.check(lock, sources, patches_dir, args.only)
+    else:
+        engine.apply(lock, sources, patches_dir, args.only)
     return 0

@@ -14,7 +14,10 @@ import datetime as _dt
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from npu_rl.errors import ConflictError, TreeStateError, VerifyError
+from git.exc import GitCommandError
+
+from npu_rl import signals
+from npu_rl.errors import ConflictError, IOFailure, NpuRlError, RollbackIncomplete, TreeStateError, VerifyError
 from npu_rl.gittree import BASELINE_TAG, IDENTITY_TRAILER, SOURCE_TRAILER, PatchApplyError, Tree, git
 from npu_rl.lock import Lock, Upstream
 from npu_rl.patches.series import Series, load_series
@@ -148,6 +151,7 @@ def _plans(
     """Inspect every selected tree; refuse (TreeStateError listing all problems) before touching any."""
     plans, problems = [], []
     for up in select(lock, names):
+        signals.check()
         _refuse_pending_bump(sources_dir, up.name)
         series = load_series(up.name, patches_dir)
         if not series.patches:
@@ -160,7 +164,25 @@ def _plans(
         plans.append(plan)
     if problems:
         raise TreeStateError("refusing to touch any tree:\n" + "\n".join(problems))
+    _refuse_held_index_locks([p for p in plans if p.state != APPLIED], "apply_all_patches.sh")
     return plans
+
+
+def _refuse_held_index_locks(plans: list[TreePlan], rerun: str) -> None:
+    """Refuse (IOFailure) before touching any tree when one has a ``.git/index.lock``: a rollback
+    there could not ``git reset``. Names each lock, the fix and the command to rerun."""
+    held = [(p, p.tree.index_lock()) for p in plans]
+    held = [(p, lock) for p, lock in held if lock is not None]
+    if held:
+        lines = "\n".join(
+            f"  {p.upstream.name}: {lock} exists: a git process is running in {p.tree.path}, or one crashed; "
+            f"when none runs: rm -f {lock}"
+            for p, lock in held
+        )
+        names = " ".join(p.upstream.name for p, _ in held)
+        raise IOFailure(
+            f"git lock file held: refusing to touch any tree:\n{lines}\n  then: bash {rerun} --only {names}"
+        )
 
 
 def check(
@@ -185,40 +207,101 @@ def apply(
             back). VerifyError: a tree did not reach the expected tree hash (rolled back).
     """
     plans = _plans(lock, sources_dir, patches_dir, names, log)
-    touched: list[TreePlan] = []
-    try:
-        for p in plans:
-            if p.state == APPLIED:
-                log(f"{p.upstream.name:14} already applied: {p.n} patch(es), nothing to do")
-                continue
-            touched.append(p)
-            for patch in p.series.patches:
-                p.tree.apply(f"patches/{p.upstream.name}/{patch.name}", patch.data)
-            got = p.tree.worktree_hash()
-            if got != p.expected[-1]:
-                diff = p.tree.changed_files(p.expected[-1], got)
-                raise VerifyError(
-                    f"{p.tree.path}: after applying, the tree differs from what the series defines:\n{_file_list(diff)}"
-                )
-            log(f"{p.upstream.name:14} applied {p.n} patch(es) (series {p.series.digest})")
-    except BaseException as exc:
-        _rollback(touched, log)
-        if isinstance(exc, PatchApplyError):
-            raise ConflictError(f"{exc.label} failed to apply: {exc.detail}\nEvery tree was rolled back.") from None
-        raise
+    touched: list[tuple[TreePlan, list[int]]] = []  # (tree, [patches fully applied]) in apply order
+    with signals.deferred():
+        try:
+            for p in plans:
+                if p.state == APPLIED:
+                    log(f"{p.upstream.name:14} already applied: {p.n} patch(es), nothing to do")
+                    continue
+                done = [0]
+                touched.append((p, done))
+                for patch in p.series.patches:
+                    signals.check()
+                    p.tree.apply(f"patches/{p.upstream.name}/{patch.name}", patch.data)
+                    done[0] += 1
+                got = p.tree.worktree_hash()
+                if got != p.expected[-1]:
+                    diff = p.tree.changed_files(p.expected[-1], got)
+                    raise VerifyError(
+                        f"{p.tree.path}: after applying, the tree differs from what the series defines:\n"
+                        + _file_list(diff)
+                    )
+                log(f"{p.upstream.name:14} applied {p.n} patch(es) (series {p.series.digest})")
+        except BaseException as exc:
+            why = _why(exc)
+            failed = _rollback(touched, log, why)
+            if failed:
+                raise RollbackIncomplete(
+                    f"{why}\nThe rollback could not restore every tree:\n{failed}\n"
+                    "Every other tree is back at its baseline."
+                ) from None
+            if isinstance(exc, PatchApplyError):
+                raise ConflictError(f"{exc.label} failed to apply: {exc.detail}\nEvery tree was rolled back.") from None
+            raise
     return plans
 
 
-def _rollback(touched: list[TreePlan], log) -> None:
-    failed = []
-    for p in touched:
-        p.tree.reset_to_baseline()
-        if p.tree.worktree_hash() != p.expected[0]:
-            failed.append(str(p.tree.path))
-    if touched:
-        log(f"rolled back {', '.join(p.upstream.name for p in touched)} to the baseline")
-    if failed:
-        raise VerifyError(f"rollback did not restore the baseline of: {', '.join(failed)}")
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, signals.Interrupted):
+        return f"interrupted by {exc}"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(exc, PatchApplyError):
+        return f"{exc.label} failed to apply: {exc.detail}"
+    return str(exc) or type(exc).__name__
+
+
+def _restore(p: TreePlan, done: int) -> str | None:
+    """Put one tree back to its baseline, trying every way that can work; None when it is back,
+    else the last reason it is not. ``done``: patches of its series fully applied."""
+    t, base = p.tree, p.expected[0]
+    reasons: list[str] = []
+
+    def at_baseline() -> bool:
+        try:
+            return t.worktree_hash() == base
+        except (NpuRlError, GitCommandError, OSError) as exc:
+            reasons.append(f"cannot hash the tree: {exc}")
+            return False
+
+    if at_baseline():
+        return None  # nothing was written (the first patch failed before writing anything)
+    patches = [(q.name, q.data) for q in p.series.patches[:done]]
+    for how in (
+        t.reset_to_baseline,  # git reset --hard, git clean
+        lambda: (t.clean(), t.reset_to_baseline()),  # a full disk: free the new files' space first
+        lambda: t.unapply(patches),  # a held index.lock: git apply -R writes no index
+    ):
+        try:
+            how()
+        except (NpuRlError, GitCommandError, OSError) as exc:
+            reasons.append(str(exc).strip())
+            continue
+        if at_baseline():
+            return None
+    return reasons[-1] if reasons else "the tree still differs from its baseline"
+
+
+def _rollback(touched: list[tuple[TreePlan, list[int]]], log, why: str) -> str:
+    """Restore every touched tree (all are tried, whatever fails); return the lines naming those
+    that could not be restored, each with the command that fixes it ("" when all are back)."""
+    if not touched:
+        return ""
+    log(f"{why.splitlines()[0]}: putting {', '.join(p.upstream.name for p, _ in touched)} back at the baseline")
+    failed, restored = [], []
+    for p, done in reversed(touched):
+        reason = _restore(p, done[0])
+        if reason is None:
+            restored.append(p.upstream.name)
+            continue
+        first = reason.splitlines()[0]
+        failed.append(
+            f"  {p.upstream.name}: {first}\n    then: bash apply_all_patches.sh --revert --only {p.upstream.name}"
+        )
+    if restored:
+        log(f"rolled back {', '.join(reversed(restored))} to the baseline")
+    return "\n".join(reversed(failed))
 
 
 def revert(
@@ -245,31 +328,57 @@ def revert(
         plans.append(plan)
     if problems:
         raise TreeStateError("refusing to revert:\n" + "\n".join(problems))
+    todo = []
     for p in plans:
-        t = p.tree
-        base = t.baseline_tree()
-        current = t.worktree_hash()
+        signals.check()
+        base = p.tree.baseline_tree()
+        current = p.tree.worktree_hash()
         if current == base and p.state != HEAD_MOVED:
             log(f"{p.upstream.name:14} already at its baseline")
             continue
+        todo.append((p, base, current))
+    _refuse_held_index_locks([p for p, _, _ in todo], "apply_all_patches.sh --revert")
+    failed: list[tuple[str, NpuRlError]] = []
+    with signals.deferred("finishing the tree being reverted"):
+        for p, base, current in todo:
+            signals.check()  # between trees: each one ends at its baseline or as it was
+            try:
+                _revert_one(p, base, current, sources_dir, log)
+            except (IOFailure, VerifyError) as exc:
+                failed.append((p.upstream.name, exc))
+    if failed:
+        lines = "\n".join(
+            f"  {name}: {str(exc).splitlines()[0]}\n    then: bash apply_all_patches.sh --revert --only {name}"
+            for name, exc in failed
+        )
+        kind = IOFailure if all(isinstance(e, IOFailure) for _, e in failed) else VerifyError
+        raise kind(f"could not revert every tree (the others are at their baseline):\n{lines}")
+    return plans
+
+
+def _revert_one(p: TreePlan, base: str, current: str, sources_dir: Path, log) -> None:
+    """Reset one tree to its baseline, first saving hand changes (not the series') as a diff."""
+    t = p.tree
+    try:
+        expected = t.expected_trees([(q.name, q.data) for q in p.series.patches])
+    except PatchApplyError:
+        expected = [base]
+    if current not in expected:
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        backup = sources_dir / ".backup" / f"{p.upstream.name}-{stamp}.diff"
         try:
-            expected = t.expected_trees([(q.name, q.data) for q in p.series.patches])
-        except PatchApplyError:
-            expected = [base]
-        if current not in expected:
-            stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-            backup = sources_dir / ".backup" / f"{p.upstream.name}-{stamp}.diff"
             backup.parent.mkdir(parents=True, exist_ok=True)
             backup.write_text(t.binary_diff(base, current), encoding="utf-8")
-            log(
-                f"{p.upstream.name:14} saved the tree as a diff from the pristine baseline (series changes "
-                f"included) to {backup}; after --revert, 'git apply' it in {t.path} to get the tree back"
-            )
-        t.reset_to_baseline()
-        if t.worktree_hash() != base:
-            raise VerifyError(f"{t.path}: revert did not restore the baseline tree {base}")
-        log(f"{p.upstream.name:14} reverted to baseline {p.upstream.identity}")
-    return plans
+        except OSError as exc:  # the tree is left as it is: its changes are not saved yet
+            raise IOFailure.from_os_error(exc, f"saving the changes of {t.path} before reverting it") from None
+        log(
+            f"{p.upstream.name:14} saved the tree as a diff from the pristine baseline (series changes "
+            f"included) to {backup}; after --revert, 'git apply' it in {t.path} to get the tree back"
+        )
+    t.reset_to_baseline()
+    if t.worktree_hash() != base:
+        raise VerifyError(f"{t.path}: revert did not restore the baseline tree {base}")
+    log(f"{p.upstream.name:14} reverted to baseline {p.upstream.identity}")
 
 
 @dataclass
@@ -281,6 +390,8 @@ class StatusRow:
     applied: str
     digest: str
     ok: bool
+    state: str = ""
+    patches: int = 0
 
 
 def status(
@@ -298,7 +409,7 @@ def status(
             rows.append(StatusRow(up.name, up.version, "?", "ok", f"conflict/{n}", digest, False))
             continue
         if plan.state == MISSING:
-            rows.append(StatusRow(up.name, up.version, "-", "not downloaded", "-", digest, True))
+            rows.append(StatusRow(up.name, up.version, "-", "not downloaded", "-", digest, True, MISSING, n))
             continue
         source = plan.tree.baseline_trailers().get(SOURCE_TRAILER, "?") if plan.state != FOREIGN else "?"
         if plan.state in (FOREIGN, WRONG_PIN):
@@ -309,8 +420,38 @@ def status(
             rows.append(StatusRow(up.name, up.version, source, "ok", "commits on top", digest, False))
             continue
         applied = f"{plan.applied_count}/{n}" if plan.state != MODIFIED else f"modified/{n}"
-        rows.append(StatusRow(up.name, up.version, source, "ok", applied, digest, plan.state in (PRISTINE, APPLIED)))
+        ok = plan.state in (PRISTINE, APPLIED)
+        rows.append(StatusRow(up.name, up.version, source, "ok", applied, digest, ok, plan.state, n))
     return rows
 
 
-__all__ = ["apply", "check", "revert", "status", "inspect", "TreePlan", "StatusRow", "IDENTITY_TRAILER"]
+def status_problems(rows: list[StatusRow]) -> list[str]:
+    """Why a set of trees is not ready to use or to re-apply; empty when consistent: every tree at
+    its baseline or fully applied, and the patched trees all applied or all at their baseline (a mix
+    is what an interrupted or raced set-up leaves)."""
+    problems = [f"{r.name}: {r.baseline if not r.baseline.startswith('ok') else r.applied}" for r in rows if not r.ok]
+    patched = [r for r in rows if r.patches and r.ok and r.state in (PRISTINE, APPLIED)]
+    applied = [r.name for r in patched if r.state == APPLIED]
+    pristine = [r.name for r in patched if r.state == PRISTINE]
+    if applied and pristine:
+        problems.append(
+            f"mixed: {', '.join(applied)} applied while {', '.join(pristine)} at the baseline (an interrupted or "
+            "concurrent set-up?): run 'bash apply_all_patches.sh' to apply the rest, or '--revert' for none"
+        )
+    missing = [r.name for r in rows if r.patches and r.baseline == "not downloaded"]
+    if missing and patched:
+        problems.append(f"not downloaded: {', '.join(missing)}: run 'bash download_sources.sh'")
+    return problems
+
+
+__all__ = [
+    "apply",
+    "check",
+    "revert",
+    "status",
+    "status_problems",
+    "inspect",
+    "TreePlan",
+    "StatusRow",
+    "IDENTITY_TRAILER",
+]

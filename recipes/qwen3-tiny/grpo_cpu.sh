@@ -23,9 +23,9 @@ PY="${NPU_RL_TRAIN_PYTHON:-python3}"
 
 # Make what the run reads (not in a --dry-run, which must not write anything).
 if [[ "${NPU_RL_DRY_RUN:-0}" != 1 ]]; then
-    PYTHONPATH="$NPU_RL_ROOT" "$PY" -m npu_rl.models tiny "$MODEL_PATH" --seed 0  # no-op when up to date
+    PYTHONPATH="$NPU_RL_ROOT" "$PY" -P -m npu_rl.models tiny "$MODEL_PATH" --seed 0  # no-op when up to date
     [[ -f "$DATA_DIR/gsm8k/train.parquet" ]] ||
-        PYTHONPATH="$NPU_RL_ROOT" "$PY" -m npu_rl.data gsm8k --input "$GSM8K_INPUT" --out "$DATA_DIR"
+        PYTHONPATH="$NPU_RL_ROOT" "$PY" -P -m npu_rl.data gsm8k --input "$GSM8K_INPUT" --out "$DATA_DIR"
 fi
 
 DATA=(
