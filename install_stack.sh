@@ -22,32 +22,92 @@ install::pip() {
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@"
 }
 
-install::upstreams() {
-    # $1: the constraints file of the environment. The editable trees install --no-deps, so it
-    # only binds TransferQueue here; it is passed anyway so that no pip call of a stack goes unpinned.
-    local constraints="$1" sources="$NPU_RL_ROOT/sources" name
-    for name in verl vllm megatron-core mbridge; do
-        [[ -d "$sources/$name/.git" ]] ||
-            common::die "$sources/$name is missing: run 'bash download_sources.sh && bash apply_all_patches.sh' first"
-    done
-    # Build tools for vllm live outside the venv: setuptools-scm wants packaging >= 26, tensordict < 26
-    # (so they cannot take the environment's constraints either: constraints/build-tools.txt pins them).
+install::locked_version() {
+    # $1: an upstream's name: its version in sources.lock, which is what setuptools-scm is told the
+    # tree is (the baseline git trees carry no release tag).
+    "$VENV/bin/python" -P - "$NPU_RL_ROOT/sources.lock" "$1" <<'PY'
+import sys, tomllib
+with open(sys.argv[1], "rb") as f:
+    found = [u.get("version") for u in tomllib.load(f).get("upstream", []) if u.get("name") == sys.argv[2]]
+if len(found) != 1 or not found[0]:
+    sys.exit(f"{sys.argv[1]}: no single [[upstream]] named {sys.argv[2]!r} with a version")
+print(found[0])
+PY
+}
+
+install::build_tools() {
+    # Build tools live outside the venv, in $VENV/build-tools: setuptools-scm wants packaging >= 26,
+    # tensordict < 26 (so they cannot take the environment's constraints either:
+    # constraints/build-tools.txt pins them). vllm's and vllm-ascend's setup.py import setuptools_scm.
     local tools="$VENV/build-tools"
     if [[ ! -d "$tools/setuptools_scm" ]]; then
         common::log "build tools -> $tools"
         install::pip --target "$tools" -r "$NPU_RL_ROOT/constraints/build-tools.txt"
     fi
+}
+
+install::in_tree() {
+    # $1: a tree under sources/, $2: the file setuptools-scm writes there ("" for none), then the
+    # build command. Afterwards every tracked file the build rewrote is put back as it was, so the
+    # patch engine still sees the tree exactly as the series left it: the version file always
+    # (setuptools-scm rewrites the tracked vllm/_version.py and vllm_ascend/_version.py: commit id
+    # -> None), any other tracked file the series had not changed too. A file the series changed
+    # and the build changed again cannot be restored from git: that stops the install. Untracked
+    # files the build leaves that git does not ignore are named (the patch engine counts them).
+    local tree="$1" generated="$2" path rc=0
+    shift 2
+    # The listings below run in process substitutions, whose failures set -e does not see: make sure
+    # git reads the tree (an empty listing before the build would make the series' files look
+    # rewritten by it, and put them back).
+    git -C "$tree" rev-parse --verify --quiet HEAD >/dev/null ||
+        common::die "git cannot read $tree (not a baseline tree, or 'dubious ownership': see git -C $tree status)"
+    local -A was=() untracked=()
+    while IFS= read -r -d '' path; do
+        [[ "$path" == "$generated" ]] || was["$path"]="$(git -C "$tree" hash-object -- "$path" 2>/dev/null || echo deleted)"
+    done < <(git -C "$tree" ls-files -m -z)
+    while IFS= read -r -d '' path; do untracked["$path"]=1; done < <(git -C "$tree" ls-files -o --exclude-standard -z)
+    "$@" || rc=$?
+    if [[ -n "$generated" ]] && git -C "$tree" ls-files --error-unmatch -- "$generated" >/dev/null 2>&1; then
+        git -C "$tree" checkout --quiet -- "$generated"
+    fi
+    local changed=()
+    while IFS= read -r -d '' path; do
+        if [[ -z "${was[$path]+set}" ]]; then
+            git -C "$tree" checkout --quiet -- "$path"
+            [[ "$path" == "$generated" ]] || common::log "put back $path in $tree (the build rewrote it)"
+        elif [[ "${was[$path]}" != "$(git -C "$tree" hash-object -- "$path" 2>/dev/null || echo deleted)" ]]; then
+            changed+=("$path")
+        fi
+    done < <(git -C "$tree" ls-files -m -z)
+    ((${#changed[@]} == 0)) ||
+        common::die "the build of $tree rewrote files the patch series changed: ${changed[*]} (re-apply: bash apply_all_patches.sh --revert && bash apply_all_patches.sh)"
+    local left=()
+    while IFS= read -r -d '' path; do
+        [[ -n "${untracked[$path]+set}" ]] || left+=("$path")
+    done < <(git -C "$tree" ls-files -o --exclude-standard -z)
+    ((${#left[@]} == 0)) || common::log "warning: the build left untracked files in $tree: ${left[*]:0:10}"
+    return "$rc"
+}
+
+install::upstreams() {
+    # $1: the constraints file of the environment. The editable trees install --no-deps, so it
+    # only binds TransferQueue here; it is passed anyway so that no pip call of a stack goes unpinned.
+    local constraints="$1" sources="$NPU_RL_ROOT/sources" name version
+    for name in verl vllm megatron-core mbridge; do
+        [[ -d "$sources/$name/.git" ]] ||
+            common::die "$sources/$name is missing: run 'bash download_sources.sh && bash apply_all_patches.sh' first"
+    done
+    install::build_tools
+    local tools="$VENV/build-tools"
     # On CPU the distribution is vllm 0.23.0+cpu.empty: vLLM picks its CPU platform when its own
     # version contains "cpu" (vllm/platforms/__init__.py), and verl reads the distribution "vllm".
-    local version=0.23.0
-    [[ "$MODE" == cpu ]] && version=0.23.0+cpu
+    version="$(install::locked_version vllm)" || common::die "cannot read vllm's version from sources.lock"
+    [[ "$MODE" == cpu ]] && version="$version+cpu"
     common::log "vllm $version (VLLM_TARGET_DEVICE=empty, editable, from $sources/vllm)"
     PYTHONPATH="$tools" PATH="$tools/bin:$VENV/bin:$PATH" VLLM_TARGET_DEVICE=empty \
         SETUPTOOLS_SCM_PRETEND_VERSION="$version" CARGO=false RUSTUP_AUTO_INSTALL=0 \
+        install::in_tree "$sources/vllm" vllm/_version.py \
         install::pip -c "$constraints" --no-build-isolation --no-deps -e "$sources/vllm"
-    # setuptools-scm rewrites the tracked vllm/_version.py (commit id -> None): put the
-    # pristine file back so the patch engine still sees the tree exactly as the series left it.
-    git -C "$sources/vllm" checkout --quiet -- vllm/_version.py
     common::log "verl, megatron-core, mbridge (editable, --no-deps), TransferQueue, npu_rl"
     # megatron-core's setup.py runs "python3 -m pybind11": the venv's python must come first.
     PATH="$VENV/bin:$PATH" install::pip -c "$constraints" --no-build-isolation --no-deps \
@@ -112,13 +172,39 @@ install::npu() {
     install::pip -c "$constraints" -r "$NPU_RL_ROOT/constraints/npu.in"
     install::upstreams "$constraints"
     install::vllm_requirements "$constraints"
-    common::log "vllm-ascend (built against CANN, editable; SOC_VERSION=${SOC_VERSION:-from npu-smi})"
-    PATH="$VENV/bin:$PATH" install::pip -c "$constraints" --no-build-isolation --no-deps -e "$sources/vllm-ascend"
-    if [[ -d "$sources/mindspeed" ]]; then
-        install::pip -c "$constraints" --no-deps -e "$sources/mindspeed"
-    else
+    install::vllm_ascend "$constraints"
+    [[ -d "$sources/mindspeed/.git" ]] ||
         common::die "$sources/mindspeed is missing: run 'bash download_sources.sh --from git --only mindspeed' on a machine that reaches its host"
-    fi
+    # MindSpeed's setup.py needs setuptools only: the venv's pinned one builds it (no isolated
+    # build environment with whatever setuptools the index has that day).
+    common::log "MindSpeed (editable, --no-deps)"
+    PATH="$VENV/bin:$PATH" install::in_tree "$sources/mindspeed" "" \
+        install::pip -c "$constraints" --no-build-isolation --no-deps -e "$sources/mindspeed"
+}
+
+install::vllm_ascend() {
+    # $1: the constraints file. vllm-ascend is built against CANN, editable and --no-deps (its
+    # runtime requirements that the stack needs are in constraints/npu.in; tools/lock_npu_env.py
+    # says why the others are left out). Its setup.py needs at build time:
+    #   from the image: CANN (ASCEND_HOME_PATH, its ascendc CMake modules and compilers; CANN's
+    #     Python packages such as tbe on PYTHONPATH, from set_env.sh: kept, build-tools go first),
+    #     torch 2.10.0 exactly (CMakeLists.txt checks) and torch_npu (located with
+    #     "python3 -m pip show torch-npu": the venv's python must come first on PATH), gcc/g++/make,
+    #     git (csrc/build_aclnn.sh reads .gitmodules; the sdist ships csrc/third_party/catlass),
+    #     SOC_VERSION or npu-smi;
+    #   from the venv (npu.txt): cmake >= 3.26, pybind11 ("python -m pybind11 --cmakedir"), setuptools;
+    #   from $VENV/build-tools: setuptools-scm (imported at the top of setup.py), told the locked
+    #     version since the baseline git tree has no tag.
+    local constraints="$1" tree="$NPU_RL_ROOT/sources/vllm-ascend" tools="$VENV/build-tools" version
+    [[ -d "$tree/.git" ]] ||
+        common::die "$tree is missing: run 'bash download_sources.sh && bash apply_all_patches.sh' first"
+    install::build_tools
+    version="$(install::locked_version vllm-ascend)" || common::die "cannot read vllm-ascend's version from sources.lock"
+    common::log "vllm-ascend $version (built against CANN, editable; SOC_VERSION=${SOC_VERSION:-from npu-smi})"
+    PYTHONPATH="$tools${PYTHONPATH:+:$PYTHONPATH}" PATH="$tools/bin:$VENV/bin:$PATH" \
+        SETUPTOOLS_SCM_PRETEND_VERSION="$version" \
+        install::in_tree "$tree" vllm_ascend/_version.py \
+        install::pip -c "$constraints" --no-build-isolation --no-deps -e "$tree"
 }
 
 main() {
@@ -147,9 +233,15 @@ main() {
     "$VENV/bin/python" -c 'import verl, vllm, megatron.core, npu_rl' 2>/dev/null ||
         common::die "the stack does not import: $VENV/bin/python -c 'import verl, vllm, megatron.core, npu_rl'"
     if [[ "$mode" == npu ]]; then
-        # `import vllm` is lazy: import what verl's rollout server really loads.
-        "$VENV/bin/python" -c 'import verl.workers.rollout.vllm_rollout.vllm_async_server, vllm_ascend' ||
-            common::die "verl's vLLM rollout server does not import (see the error above): a runtime dependency is missing"
+        # `import vllm` is lazy: import what verl's rollout server really loads. vllm-ascend's worker
+        # (vllm_ascend.worker.model_runner_v1) and MindSpeed's adaptor are not imported here: that they
+        # import on a machine without a mounted NPU driver (a docker build) is unverified. What they
+        # import at module top beyond the above is imported by name instead: scipy and numba
+        # (model_runner_v1 -> eplb policy_flashlb; MindSpeed's context_parallel utils), decorator
+        # (a CANN dependency; constraints/npu.in).
+        "$VENV/bin/python" -c 'import verl.workers.rollout.vllm_rollout.vllm_async_server, vllm_ascend
+import scipy.stats, scipy.optimize, scipy.linalg, numba, decorator' ||
+            common::die "verl's vLLM rollout server or a module vllm-ascend's worker needs does not import (see the error above): a runtime dependency is missing"
     else
         # The CPU platform must be what vLLM picks, with its compiled kernels loaded.
         "$VENV/bin/python" -c 'import verl.workers.rollout.vllm_rollout.vllm_async_server

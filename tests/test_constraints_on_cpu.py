@@ -109,11 +109,12 @@ def test_header_says_how_and_when_it_was_generated(real):
 def test_every_dependency_resolving_pip_call_of_the_npu_path_takes_the_constraints():
     script = (REPO_ROOT / "install_stack.sh").read_text()
     calls = []
-    for function in ("install::npu", "install::upstreams", "install::vllm_requirements"):
+    functions = ("install::npu", "install::upstreams", "install::vllm_requirements", "install::vllm_ascend")
+    for function in (*functions, "install::build_tools"):
         body = re.search(rf"^{re.escape(function)}\(\) {{\n(.*?)^}}", script, re.MULTILINE | re.DOTALL)[1]
         joined = re.sub(r"\\\n\s*", " ", body)
         calls += [line.strip() for line in joined.splitlines() if re.search(r"\binstall::pip\b", line)]
-    assert len(calls) >= 7
+    assert len(calls) >= 8
     unconstrained = [call for call in calls if not re.search(r'-c "\$(constraints|1)"', call)]
     # Only the build tools go without: --target outside the venv, pinned by constraints/build-tools.txt.
     assert len(unconstrained) == 1 and "--target" in unconstrained[0] and "build-tools.txt" in unconstrained[0]
@@ -237,11 +238,87 @@ def test_uv_gets_pips_index_and_the_no_wheel_message_is_read():
     assert m and (m[1], m[2]) == ("llguidance", "1.7.6")
 
 
-def test_upstream_gaps_report_missing_and_out_of_window_requirements():
+def _reqs(*lines):
     from packaging.requirements import Requirement
 
-    declared = {"vllm-ascend": [Requirement("fastapi<0.124.0"), Requirement("quart"), Requirement("torch==2.10.0")]}
-    missing, outside = lock.upstream_gaps(declared, {"fastapi": "0.165.0", "torch": "2.10.0"}, set())
-    assert missing == ["vllm-ascend: quart"]
-    assert outside == ["fastapi==0.165.0 (vllm-ascend declares <0.124.0)"]
-    assert lock.upstream_gaps(declared, {"fastapi": "0.123.0", "torch": "2.10.0"}, {"quart"}) == ([], [])
+    return [Requirement(line) for line in lines]
+
+
+def test_review_upstreams_wants_a_decision_for_every_gap():
+    declared = {"vllm-ascend": _reqs("fastapi<0.124.0", "quart", "scipy", "torch==2.10.0", "pip")}
+    pins = {"fastapi": "0.165.0", "torch": "2.10.0"}
+    review = lock.review_upstreams(
+        declared, pins, {"pip"}, left_out={}, accepted={}, expected=["vllm-ascend", "mindspeed"]
+    )
+    assert review.not_checked == ["mindspeed"]
+    assert len(review.problems) == 3
+    assert any("declares quart" in p and "LEFT_OUT" in p for p in review.problems)
+    assert any("declares scipy" in p for p in review.problems)
+    assert any(p.startswith("fastapi==0.165.0 is outside vllm-ascend's declared <0.124.0") for p in review.problems)
+    # decided: left out with a reason, the window accepted with a reason, scipy pinned
+    decided = lock.review_upstreams(
+        declared,
+        {**pins, "scipy": "1.17.1"},
+        {"pip"},
+        left_out={"vllm-ascend": {"quart": "not imported"}},
+        accepted={("vllm-ascend", "fastapi"): ("<0.124.0", "why")},
+    )
+    assert decided.problems == []
+
+
+@pytest.mark.parametrize(
+    ("left_out", "accepted", "pins", "expected"),
+    [
+        # a left-out name the upstream no longer declares
+        ({"vllm-ascend": {"quart": "x", "gone": "x"}}, {}, {}, "lists gone, which vllm-ascend no longer declares"),
+        # a left-out name that is pinned after all
+        ({"vllm-ascend": {"quart": "x"}}, {}, {"quart": "0.20.0"}, "lists quart, yet npu.txt pins it"),
+        # an accepted window that the upstream changed
+        (
+            {"vllm-ascend": {"quart": "x"}},
+            {("vllm-ascend", "fastapi"): ("<0.120", "x")},
+            {},
+            "now declares fastapi<0.124.0",
+        ),
+        # an accepted window that the pin no longer leaves
+        (
+            {"vllm-ascend": {"quart": "x"}},
+            {("vllm-ascend", "fastapi"): ("<0.124.0", "x")},
+            {"fastapi": "0.123.10"},
+            "yet the pin is inside",
+        ),
+    ],
+)
+def test_review_upstreams_flags_stale_decisions(left_out, accepted, pins, expected):
+    declared = {"vllm-ascend": _reqs("fastapi<0.124.0", "quart")}
+    review = lock.review_upstreams(declared, {"fastapi": "0.165.0", **pins}, set(), left_out, accepted)
+    assert any(expected in p for p in review.problems), review.problems
+
+
+def test_the_decision_tables_agree_with_npu_txt(real):
+    pins = lock.parse_constraints(real["npu"]).versions()
+    for upstream, names in lock.LEFT_OUT.items():
+        assert upstream in lock.NO_DEPS_TREES
+        for name, why in names.items():
+            assert lock.canon(name) == name and why.strip(), (upstream, name)
+            assert name not in pins, f"LEFT_OUT[{upstream}] lists {name}, yet npu.txt pins it"
+    for (upstream, name), (window, why) in lock.ACCEPTED_OUTSIDE.items():
+        assert upstream in lock.NO_DEPS_TREES and why.strip()
+        assert pins.get(name) and not lock.SpecifierSet(window).contains(pins[name], prereleases=True)
+    # the header says what the tables say
+    for line in lock.decision_lines(pins):
+        assert line in real["npu"].splitlines(), line
+    # what the stack needs of vllm-ascend's and MindSpeed's requirements (constraints/npu.in)
+    assert {"scipy", "decorator"} <= {lock.canon(r.name) for r in lock.requirement_lines(real["npu_in"])}
+
+
+def test_the_pinned_trees_declare_nothing_undecided(real):
+    """The upstreams in sources/ (MindSpeed is git only: often absent) against npu.txt: every gap decided."""
+    if not (REPO_ROOT / "sources" / "vllm-ascend" / "PKG-INFO").is_file():
+        pytest.skip("sources/vllm-ascend is not downloaded")
+    parsed = lock.parse_constraints(real["npu"])
+    pins = {name: lock.exact_version(req) for name, req in {**parsed.pins, **parsed.base}.items()}
+    declared = lock.declared_requirements(REPO_ROOT, None)
+    skip = set(lock.BASE_IMAGE) | lock.editable_names((REPO_ROOT / "sources.lock").read_text()) | {"pip"}
+    review = lock.review_upstreams(declared, pins, skip | {"transferqueue"})
+    assert review.problems == []

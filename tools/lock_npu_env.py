@@ -18,18 +18,25 @@ stack (BASE_IMAGE) is written as it is, in its own marked section, never re-reso
 not even looked up: vllm-ascend installs 3.2.2 from Ascend's own index, and the 3.2.0 on the default
 index declares no dependencies. Not resolved either: the trees installed editable and --no-deps
 from sources/ (verl, vllm, vllm-ascend, megatron-core, mbridge, MindSpeed, npu_rl) and TransferQueue
-(--no-deps from the index; its pin is copied from install_stack.sh). Their declared requirements are
-only compared with the result: the header lists what they declare and the environment lacks, and
-pins that fall outside a declared window.
+(--no-deps from the index; its pin is copied from install_stack.sh). What they declare for runtime
+is compared with the result instead, and every difference must be a decision written down here:
+a declared requirement the environment does not install must be in LEFT_OUT, a pin outside an
+upstream's declared window in ACCEPTED_OUTSIDE, each with the evidence; anything else stops the
+tool (so a bump that adds a requirement cannot go unnoticed). What the stack needs of them is in
+constraints/npu.in. The decisions are written into the header from these tables, so npu.txt reads
+the same on machines with and without sources/mindspeed (git only); an upstream that could not be
+compared is named on stderr.
 
 Every package constraints/cpu.txt (the CPU/CI environment) also has gets cpu.txt's version: the
 resolution runs with cpu.txt's pins as constraints, except for the packages in ALLOW_DIFFERENT (each
 with the reason). Ray can never be in that list: every node of a cluster, CPU or NPU, runs one Ray.
 
-Target: CPython 3.11.14 on Linux aarch64 with glibc 2.38:
-- 3.11.14 is the Python that Ascend's CANN openEuler images build (cann-container-image,
-  8.5.0-a3-openeuler24.03-py3.11); the patch level matters for soupsieve 4.1.3 (cpu.txt), which
-  needs Python >= 3.11.5. Check `python3 --version` in a new base image.
+Target: CPython 3.11.15 on Linux aarch64 with glibc 2.38:
+- 3.11.15 is the Python that Ascend's CANN 9.x openEuler images build (cann-container-image:
+  9.0.1- and 9.1.0-beta.3-a3-openeuler24.03-py3.11 build Python 3.11.15; 8.5.0's built 3.11.14;
+  the 9.1.0 release image, docker/Dockerfile's base, was not in the snapshot we read). The patch
+  level matters for soupsieve 4.1.3 (cpu.txt), which needs Python >= 3.11.5. Check
+  `python3 --version` in a new base image.
 - glibc 2.38 is openEuler 24.03's (uv's aarch64-manylinux_2_38). With manylinux_2_28, llguidance
   1.7.6 (vLLM's requirement; its aarch64 wheels are manylinux_2_31) would have to be built from
   source (Rust) on the node.
@@ -71,6 +78,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,7 +90,7 @@ VLLM_COMMON = ROOT / "sources" / "vllm" / "requirements" / "common.txt"
 INSTALL_STACK = ROOT / "install_stack.sh"
 SOURCES_LOCK = ROOT / "sources.lock"
 
-PYTHON_VERSION = "3.11.14"
+PYTHON_VERSION = "3.11.15"
 PYTHON_PLATFORM = "aarch64-manylinux_2_38"
 # Markers of the target, to read the upstreams' declared requirements.
 TARGET_ENV = {
@@ -117,6 +125,78 @@ ALLOW_DIFFERENT = {
 }
 # Never allowed to differ: one cluster, one version.
 MUST_MATCH = ("ray",)
+
+# Runtime requirements that an upstream installed --no-deps declares and the NPU environment does not
+# install, with the evidence (read in the pinned trees). Module paths are relative to the upstream's
+# package; "at module top" means imported when the module is. What the stack does need of these
+# upstreams' requirements is in constraints/npu.in (scipy, decorator) or already pinned.
+LEFT_OUT: dict[str, dict[str, str]] = {
+    "verl": {
+        "pylatexenc": "imported by verl.utils.reward_score.prime_math only, which default_compute_score "
+        "loads for the numina_* data sources; npu_rl.data's sources (openai/gsm8k, lighteval/MATH, "
+        "HuggingFaceH4/MATH-500, math_dapo, aime*) score with gsm8k, math_reward and math_dapo (re only)",
+        "tensorboard": "imported inside verl.utils.tracking only when trainer.logger lists tensorboard; "
+        "the recipes log to the console",
+        "wandb": "imported inside verl.utils.tracking only when trainer.logger lists wandb; the recipes "
+        "log to the console",
+    },
+    "vllm-ascend": {
+        "arctic-inference": "vLLM's suffix decoding (speculative method 'suffix') only: imported inside "
+        "vllm/v1/spec_decode/suffix_decoding.py, and vLLM checks has_arctic_inference() first; our "
+        "speculative recipe uses npu_rl's SAM drafter",
+        "memcache-hybrid": "the memcache backend of the KV pool (kv_pool/ascend_store/backend/"
+        "memcache_backend.py imports it inside a function); no recipe configures a KV pool",
+        "memfabric-hybrid": "the transport of that memcache backend; no module of vllm_ascend imports it",
+        "pandas-stubs": "type stubs: never imported",
+        "quart": "for the disaggregated-prefill proxy; no module of the vllm-ascend tree imports it",
+        "setuptools-scm": "build time only: setup.py imports it from <venv>/build-tools "
+        "(constraints/build-tools.txt), not from the environment (it wants packaging >= 26)",
+        "torchaudio": "audio models only: no module of vllm_ascend imports it, and the image's torch "
+        "stack (docker/Dockerfile step 1) is torch + torch_npu + triton-ascend",
+        "torchvision": "multimodal models only: no module of vllm_ascend imports it (the CPU environment "
+        "runs vLLM without it too); pinned ==0.25.0 by vllm-ascend, to be added with the torch stack "
+        "if a vision model is ever run",
+        "wheel": "build time only (<venv>/build-tools); setuptools >= 70.1 builds wheels itself",
+    },
+    # MindSpeed core_r0.16.0's requirements.txt at the locked commit. verl imports
+    # mindspeed.megatron_adaptor (verl/workers/engine/__init__.py, in a try: a missing module would
+    # silently drop MindSpeed's patches), mindspeed.utils and core.context_parallel.get_batch_utils;
+    # their module-top closure needs einops, numpy, scipy (context_parallel/utils.py), torch, torch_npu,
+    # torchair (torch_npu's) and megatron.
+    "mindspeed": {
+        "gpytorch": "no module of the mindspeed package imports it",
+        "pytest": "MindSpeed's own tests only",
+        "pytest-mock": "MindSpeed's own tests only",
+        "scikit-learn": "mindspeed.auto_settings only (the parallel-configuration search tool)",
+        "six": "no module of the mindspeed package imports it",
+        "sqlalchemy": "mindspeed.auto_settings only (its operator database)",
+        "wheel": "build time only; setuptools >= 70.1 builds wheels itself",
+    },
+}
+
+# Pins outside a window an upstream declares (its --no-deps install does not enforce it), and why they
+# stay: (upstream, package) -> (the window it declares, the reason; the header quotes the first sentence).
+ACCEPTED_OUTSIDE: dict[tuple[str, str], tuple[str, str]] = {
+    ("vllm-ascend", "fastapi"): (
+        "<0.124.0",
+        "Kept at cpu.txt's version: vllm_ascend uses fastapi in one server no recipe loads, vLLM 0.23.0 "
+        "sets no upper bound, and the cap states no reason. In detail: vllm_ascend imports fastapi only "
+        "in model_loader/rfork/seed_server.py (the RFork loader's seed server: FastAPI() and Response); "
+        "vLLM 0.23.0, whose OpenAI server verl's rollout runs, declares fastapi[standard]>=0.115.0, and "
+        "the one known break of fastapi>=0.137 under it (prometheus-fastapi-instrumentator's "
+        "'_IncludedRouter has no attribute path') is fixed in instrumentator 8.0.1, of which 8.1.0 is "
+        "pinned (vLLM's own attach_router answered 200 and 405 under uvicorn with fastapi 0.165.0 and "
+        "instrumentator 8.1.0 on CPU). The cap came with vllm-ascend PR #5047 (Dec 2025, vLLM 0.12), "
+        "whose description gives no reason. Honouring it would move fastapi to 0.123.10, starlette to "
+        "0.50.0 and the instrumentator to 7.1.0 (and drop pydantic-settings), so CI would no longer "
+        "test the NPU's HTTP stack. Unverified: vllm-ascend's own tests under fastapi 0.165.0.",
+    ),
+    ("mindspeed", "numpy"): (
+        "<=1.26.0",
+        "verl 0.9.1 declares numpy>=2.0.0, so both cannot hold. npu.in keeps numba's window >=2,<2.5; "
+        "MindSpeed under numpy 2 is unverified without an NPU.",
+    ),
+}
 
 # install_stack.sh's install::vllm_requirements drops these lines of vLLM's common.txt.
 VLLM_FILTER = r"^\s*(#|-r|$|torch|torchaudio|torchvision|triton)"
@@ -451,20 +531,80 @@ def transferqueue_metadata(version: str, workdir: Path) -> str | None:
         return zf.read(name).decode("utf-8", errors="replace")
 
 
-def upstream_gaps(
-    declared: Mapping[str, list[Requirement]], pins: Mapping[str, str], skip: set[str]
-) -> tuple[list[str], list[str]]:
-    """(what an upstream declares and nothing installs, pins outside a declared window)."""
-    missing, outside = [], []
+@dataclass
+class UpstreamReview:
+    """What the --no-deps upstreams declare against the pins: problems stop the tool."""
+
+    problems: list[str] = field(default_factory=list)
+    not_checked: list[str] = field(default_factory=list)
+
+
+def review_upstreams(
+    declared: Mapping[str, list[Requirement]],
+    pins: Mapping[str, str],
+    skip: set[str],
+    left_out: Mapping[str, Mapping[str, str]] | None = None,
+    accepted: Mapping[tuple[str, str], tuple[str, str]] | None = None,
+    expected: Iterable[str] = (),
+) -> UpstreamReview:
+    """Every declared requirement must be pinned (inside its window, or in `accepted`) or in
+    `left_out`; entries of the two tables that no longer apply are problems too. `expected`: the
+    upstreams that should have been compared; those missing from `declared` are `not_checked`."""
+    left_out = LEFT_OUT if left_out is None else left_out
+    accepted = ACCEPTED_OUTSIDE if accepted is None else accepted
+    review = UpstreamReview()
+    review.not_checked = [name for name in expected if name not in declared]
     for upstream, reqs in declared.items():
-        absent = sorted({canon(r.name) for r in reqs if canon(r.name) not in pins and canon(r.name) not in skip})
-        if absent:
-            missing.append(f"{upstream}: {', '.join(absent)}")
+        names = {canon(r.name) for r in reqs}
+        decided = {canon(n): why for n, why in left_out.get(upstream, {}).items()}
+        for name in sorted(names - set(pins) - skip - set(decided)):
+            review.problems.append(
+                f"{upstream} declares {name}, which the environment does not install: add it to "
+                "constraints/npu.in, or to LEFT_OUT in tools/lock_npu_env.py with the reason"
+            )
+        for name in sorted(set(decided)):
+            if name not in names:
+                review.problems.append(f"LEFT_OUT[{upstream!r}] lists {name}, which {upstream} no longer declares")
+            elif name in pins:
+                review.problems.append(f"LEFT_OUT[{upstream!r}] lists {name}, yet npu.txt pins it")
+        outside = set()
         for req in reqs:
             name = canon(req.name)
             if name in pins and req.specifier and not req.specifier.contains(pins[name], prereleases=True):
-                outside.append(f"{name}=={pins[name]} ({upstream} declares {req.specifier})")
-    return missing, sorted(set(outside))
+                outside.add(name)
+                window = accepted.get((upstream, name), (None, ""))[0]
+                if window is None:
+                    review.problems.append(
+                        f"{name}=={pins[name]} is outside {upstream}'s declared {req.specifier}: change the pin "
+                        "or add it to ACCEPTED_OUTSIDE in tools/lock_npu_env.py with the reason"
+                    )
+                elif req.specifier != SpecifierSet(window):
+                    review.problems.append(
+                        f"{upstream} now declares {name}{req.specifier}, ACCEPTED_OUTSIDE says {window}: "
+                        "review the entry"
+                    )
+        for up, name in sorted(accepted):
+            if up == upstream and name not in outside:
+                review.problems.append(
+                    f"ACCEPTED_OUTSIDE lists {upstream}'s {name}, yet the pin is inside what {upstream} declares"
+                )
+    return review
+
+
+def decision_lines(pins: Mapping[str, str]) -> list[str]:
+    """The header's account of LEFT_OUT and ACCEPTED_OUTSIDE (from the tables: machine-independent)."""
+    head = [
+        "# Declared by an upstream installed --no-deps, deliberately not installed (LEFT_OUT in",
+        "# tools/lock_npu_env.py gives the evidence for each; what the stack needs of them is in npu.in):",
+    ]
+    for upstream, names in LEFT_OUT.items():
+        items = sorted(names)
+        head += wrap(f"#   {upstream}: ", [n + "," for n in items[:-1]] + items[-1:], sep=" ")
+    head += ["# Pinned outside an upstream's declared window, on purpose (ACCEPTED_OUTSIDE in the tool):"]
+    for (upstream, name), (window, why) in ACCEPTED_OUTSIDE.items():
+        first = why.split(". ")[0].rstrip(".") + "."
+        head += wrap(f"#   {name}=={pins.get(name)} ({upstream} declares {window}): ", first.split(" "), sep=" ")
+    return head
 
 
 # ---------------------------------------------------------------------------------- output
@@ -490,8 +630,6 @@ def render(
     pins: Mapping[str, str],
     tq_version: str,
     no_wheel: list[str],
-    missing: list[str],
-    outside: list[str],
 ) -> str:
     count = len(pins) + 1 + len(BASE_IMAGE)
     head = [
@@ -510,14 +648,7 @@ def render(
     head += ["# Not resolved: the trees installed editable --no-deps from sources/ (sources.lock)."]
     if no_wheel:
         head += wrap("# No usable aarch64 wheel on the index (pip builds these on the node): ", no_wheel)
-    if missing:
-        head += ["# Declared by an upstream installed --no-deps, installed by nothing (add to npu.in if needed):"]
-        for line in missing:
-            upstream, _, names = line.partition(": ")
-            head += wrap(f"#   {upstream}: ", names.split(" "), sep=" ")
-    if outside:
-        head += ["# Pinned outside an upstream's declared window (its --no-deps install does not enforce it):"]
-        head += [f"#   {line}" for line in outside]
+    head += decision_lines(pins)
     base = [
         BASE_BEGIN,
         "# The torch stack of vllm-ascend 0.23.0.post1, installed before everything else. triton-ascend",
@@ -573,11 +704,15 @@ def generate(uv: str, date: str) -> str:
         pins = {n: v for n, v in resolved.items() if n not in BASE_IMAGE}
         declared = declared_requirements(ROOT, transferqueue_metadata(tq_version, work))
         skip = set(BASE_IMAGE) | editable | {"transferqueue", "pip"}  # a venv has its own pip
-        missing, outside = upstream_gaps(declared, {**pins, **BASE_IMAGE}, skip)
-        for name in (*NO_DEPS_TREES, "transferqueue"):
-            if name not in declared:
-                why = "its wheel could not be fetched" if name == "transferqueue" else f"no sources/{name}"
-                missing.append(f"{name}: not checked ({why})")
+        review = review_upstreams(declared, {**pins, **BASE_IMAGE}, skip, expected=(*NO_DEPS_TREES, "transferqueue"))
+        if review.problems:
+            raise LockError("the upstreams' declared requirements need a decision:\n  " + "\n  ".join(review.problems))
+        for name in review.not_checked:
+            why = "its wheel could not be fetched" if name == "transferqueue" else f"no sources/{name}"
+            print(
+                f"lock_npu_env: {name} not compared ({why}): its LEFT_OUT/ACCEPTED_OUTSIDE entries are unchecked",
+                file=sys.stderr,
+            )
         text = render(
             date=date,
             uv_version=uv_version,
@@ -585,8 +720,6 @@ def generate(uv: str, date: str) -> str:
             pins=pins,
             tq_version=tq_version,
             no_wheel=no_wheel,
-            missing=missing,
-            outside=outside,
         )
         # The file as written must reproduce itself: resolve once more with it as the constraints.
         (work / "npu.txt").write_text(text)
