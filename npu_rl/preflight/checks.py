@@ -10,7 +10,6 @@ import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from npu_rl.preflight.model import ModelFacts
 from npu_rl.preflight.report import Report
@@ -543,9 +542,9 @@ def check_random_init(cfg, report: Report) -> None:
 
 def registered_reward_managers() -> set[str]:
     """Names registered with ``@register("...")`` in the installed verl's reward managers (read, not imported)."""
-    import verl
+    from npu_rl.preflight.compose import verl_package_dir
 
-    root = Path(verl.__file__).parent
+    root = verl_package_dir()
     names = set()
     for folder in ("experimental/reward_loop/reward_manager", "workers/reward_manager"):
         for py in (root / folder).glob("*.py"):
