@@ -21,11 +21,12 @@ main() {
         esac
     done
     # The second positional argument is the ENV_SCRIPT unless it is an override (key=value).
+    local env_script=""
     if [[ ${#positional[@]} -ge 2 && "${positional[1]}" != *=* ]]; then
-        launch::load_env "${positional[1]}"
-    else
-        launch::load_env ""
+        env_script="${positional[1]}"
     fi
+    launch::check_scripts "${positional[0]:-}" "$env_script" "$@"
+    launch::load_env "$env_script"
     local py
     py="$(launch::python)"
     PYTHONPATH="$NPU_RL_ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$py" -P -m npu_rl.launch "$@"

@@ -4,8 +4,11 @@
 #   2. CANN's set_env.sh files that exist (ASCEND_SET_ENV_FILES, colon-separated),
 #   3. the ENV_SCRIPT, which can override anything.
 # The launcher (python -m npu_rl.launch) then derives the topology values (socket interfaces, RAY_ADDRESS).
+#   launch::check_scripts TRAIN ENV CMD...   refuse an ENV_SCRIPT that is a train script (e.g. the two swapped)
 #   launch::load_env ENV_SCRIPT   export all of the above into this shell
 #   launch::python                print the training environment's python (needs ray)
+
+LAUNCH_USAGE='bash ray_start_npu.sh [--dry-run] TRAIN_SCRIPT [ENV_SCRIPT] [K=V ...]'
 
 launch::defaults() {
     # HCCL: generous timeouts (first compiles and weight loads are slow), port ranges that let the
@@ -23,36 +26,166 @@ launch::defaults() {
     export ASCEND_SET_ENV_FILES="${ASCEND_SET_ENV_FILES:-/usr/local/Ascend/ascend-toolkit/set_env.sh:/usr/local/Ascend/nnal/atb/set_env.sh}"
 }
 
-# CANN's scripts are not written for `set -u`; source them without it.
+# The rule that tells the two scripts apart, read from the file (nothing is run): a train script
+# (recipe) trains: it calls run_verl, runs main_ppo, sources internal/verl.sh, or execs another recipe.
+# An ENV_SCRIPT only sets variables: it is sourced into the launcher's own shell on every node.
+# Prints the first such line ("LINE:TEXT", comments skipped, in that order of evidence) and succeeds;
+# fails when there is none.
+launch::recipe_evidence() {
+    local pattern
+    for pattern in '(^|[^[:alnum:]_])run_verl([^[:alnum:]_]|$)' 'main_ppo' 'internal/verl\.sh' \
+        '(^|[;&|({[:space:]])exec[[:space:]]+[^0-9<>&[:space:]]'; do
+        grep -nE -m1 "^[^#]*$pattern" "$1" 2>/dev/null && return 0
+    done
+    return 1
+}
+
+# Refuse an ENV_SCRIPT that is a train script before anything is sourced: sourced, it would run the
+# training in the launcher's shell (for real, even under --dry-run). CMD... is the launcher's command
+# line, printed back with the two scripts in the right order.
+launch::check_scripts() {
+    local train="$1" env_script="$2" hit line text arg fixed=""
+    shift 2
+    [[ -n "$env_script" && -f "$env_script" ]] || return 0
+    hit="$(launch::recipe_evidence "$env_script")" || return 0
+    line="${hit%%:*}"
+    text="${hit#*:}"
+    text="${text#"${text%%[![:space:]]*}"}"
+    ((${#text} <= 72)) || text="${text:0:72}..."
+    if [[ -f "$train" ]] && ! launch::recipe_evidence "$train" >/dev/null; then
+        for arg in "$@"; do
+            if [[ "$arg" == "$train" ]]; then
+                arg="$env_script"
+            elif [[ "$arg" == "$env_script" ]]; then
+                arg="$train"
+            fi
+            fixed+=" $(printf '%q' "$arg")"
+        done
+        common::log "error: TRAIN_SCRIPT and ENV_SCRIPT are swapped: $env_script is the train script (line $line: $text) and $train has no such line (run_verl, main_ppo, internal/verl.sh, exec). Nothing was sourced or started. The train script comes first:"
+        common::log "    bash ray_start_npu.sh$fixed"
+    else
+        common::log "error: ENV_SCRIPT $env_script is a train script (line $line: $text): sourced as the node environment it would run the training itself. Give the recipe first and, second, a script that only exports variables (recipes/<model>/env_*.sh): $LAUNCH_USAGE"
+    fi
+    exit 2
+}
+
+# Source a file into this shell with guards: CANN's scripts are not written for `set -u` (sourced
+# without it); `exit` in the file (which would end the launcher, silently with exit 0) and `exec` of
+# a command (which would replace it) are errors naming the file and line, exit 2.
 launch::_source_loose() {
-    set +u
+    _NRL_SOURCING="${2:-$1}"
+    _NRL_STOPPED_AT=""
+    _NRL_STOP_CMD=""
+    trap 'launch::_sourced_file_ended' EXIT
+    # BASH_SUBSHELL: an `exit` inside $(...) or ( ... ) ends only that subshell.
+    trap '[[ $BASH_SUBSHELL != 0 ]] || launch::_watch_sourced "${BASH_SOURCE[0]:-?}" "$LINENO" "$BASH_COMMAND"' DEBUG
+    set +u -T
     # shellcheck source=/dev/null
     source "$1"
-    local rc=$?
+    _NRL_RC=$?
+    set +T
+    trap - DEBUG
+    trap - EXIT
     set -u
-    return "$rc"
+    return "$_NRL_RC"
+}
+
+launch::_watch_sourced() {
+    case "$3" in
+        exit | "exit "*)
+            _NRL_STOPPED_AT="$1:$2"
+            _NRL_STOP_CMD="$3"
+            ;;
+        exec*)
+            local command_re='^exec[[:space:]]+[^0-9<>&[:space:]]' # `exec >log` only redirects: allowed
+            if [[ "$3" =~ $command_re ]]; then
+                _NRL_STOPPED_AT="$1:$2"
+                _NRL_STOP_CMD="$3"
+                exit 2
+            fi
+            ;;
+    esac
+}
+
+launch::_sourced_file_ended() {
+    local rc=$?
+    trap - DEBUG
+    if [[ -n "${_NRL_REFUSED:-}" ]]; then
+        exit 2 # run_verl refused and said why
+    fi
+    case "$_NRL_STOP_CMD" in
+        exec*)
+            common::log "error: $_NRL_SOURCING runs \`${_NRL_STOP_CMD:0:80}\` at $_NRL_STOPPED_AT: exec would replace the launcher with that command. A node environment script only sets variables; a script that runs something is a TRAIN_SCRIPT ($LAUNCH_USAGE)"
+            ;;
+        exit*)
+            common::log "error: $_NRL_SOURCING calls \`$_NRL_STOP_CMD\` at $_NRL_STOPPED_AT (exit $rc): it is sourced into the launcher, so exit would end the launcher before anything ran. Remove it, or use \`return\` to leave the script early"
+            ;;
+        *)
+            common::log "error: sourcing $_NRL_SOURCING ended the launcher (exit $rc; bash's message is above)"
+            ;;
+    esac
+    exit 2
+}
+
+# Who set what, for the launcher's summary: the exported variables a step adds or changes.
+declare -gA _NRL_SNAP=()
+launch::_snapshot() {
+    local n
+    _NRL_SNAP=()
+    for n in $(compgen -e); do
+        _NRL_SNAP[$n]="${!n-}"
+    done
+}
+launch::_changed() {
+    local n out=()
+    for n in $(compgen -e); do
+        if [[ -z "${_NRL_SNAP[$n]+set}" || "${_NRL_SNAP[$n]}" != "${!n-}" ]]; then
+            out+=("$n")
+        fi
+    done
+    printf '%s' "${out[*]}"
 }
 
 launch::load_env() {
     local env_script="${1:-}" file sourced=()
+    NPU_RL_FROM_SHELL="$(compgen -e | grep -vx NPU_RL_ROOT | tr '\n' ' ')" # NPU_RL_ROOT: common.sh's
+    launch::_snapshot
     launch::defaults
+    NPU_RL_FROM_DEFAULTS="$(launch::_changed)"
+    launch::_snapshot
     local IFS=:
     for file in $ASCEND_SET_ENV_FILES; do
         if [[ -f "$file" ]]; then
-            launch::_source_loose "$file" || common::die "sourcing $file failed"
+            launch::_source_loose "$file" "CANN script $file" || common::die "sourcing $file failed"
             sourced+=("$file")
         fi
     done
     unset IFS
+    NPU_RL_FROM_CANN="$(launch::_changed)"
     NPU_RL_SOURCED="$(IFS=:; echo "${sourced[*]}")"
-    export NPU_RL_SOURCED
+    export NPU_RL_SOURCED NPU_RL_FROM_SHELL NPU_RL_FROM_DEFAULTS NPU_RL_FROM_CANN
+    launch::_snapshot
     if [[ -n "$env_script" ]]; then
         if [[ ! -f "$env_script" ]]; then
-            common::log "error: ENV_SCRIPT $env_script is not a file (usage: bash ray_start_npu.sh [--dry-run] TRAIN_SCRIPT [ENV_SCRIPT] [K=V ...])"
+            common::log "error: ENV_SCRIPT $env_script is not a file (usage: $LAUNCH_USAGE)"
             exit 2
         fi
-        launch::_source_loose "$env_script" || common::die "sourcing ENV_SCRIPT $env_script failed (exit $?)"
+        # While the ENV_SCRIPT is sourced nothing may train: run_verl refuses, and so does any Python
+        # that would run main_ppo or start Ray (npu_rl/launch/guard/sitecustomize.py on PYTHONPATH).
+        local guard="$NPU_RL_ROOT/npu_rl/launch/guard"
+        export NPU_RL_SOURCING_ENV="$env_script"
+        export PYTHONPATH="$guard${PYTHONPATH:+:$PYTHONPATH}"
+        launch::_source_loose "$env_script" "ENV_SCRIPT $env_script" ||
+            common::die "sourcing ENV_SCRIPT $env_script failed (exit $?)"
+        unset NPU_RL_SOURCING_ENV
+        PYTHONPATH=":$PYTHONPATH:"
+        PYTHONPATH="${PYTHONPATH//:$guard:/:}"
+        PYTHONPATH="${PYTHONPATH#:}"
+        PYTHONPATH="${PYTHONPATH%:}"
+        [[ -n "$PYTHONPATH" ]] || unset PYTHONPATH
     fi
+    NPU_RL_FROM_ENV_SCRIPT="$(launch::_changed)"
+    export NPU_RL_FROM_ENV_SCRIPT
 }
 
 launch::python() {

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -24,13 +25,15 @@ from npu_rl import REPO_ROOT
 from npu_rl.errors import LaunchError, NodesMissing, NpuRlError, TopologyError
 from npu_rl.features import known_env
 from npu_rl.launch import cluster
-from npu_rl.launch.environ import derived_env, ray_auth, shown_env, sourced_files
+from npu_rl.launch.environ import derived_env, ray_auth, shown_env, sourced_files, summary_rows
 from npu_rl.launch.topology import Topology, resolve_topology
 from npu_rl.table import format_table
 
 EXIT_CODES = """environment (set in ENV_SCRIPT or the shell; defaults make one node work):
   NNODES (1)  MASTER_ADDR (this node; required if NNODES>1)  MASTER_PORT (6379)
-  NPUS_PER_NODE (counted from /dev/davinci* or npu-smi, else 16)  SOCKET_IFNAME (the interface to MASTER_ADDR)
+  NPUS_PER_NODE (ASCEND_RT_VISIBLE_DEVICES's length, else counted from /dev/davinci* or npu-smi, else 16)
+  ASCEND_RT_VISIBLE_DEVICES / ASCEND_VISIBLE_DEVICES (checked: ids, ascending, count)
+  SOCKET_IFNAME (the interface to MASTER_ADDR)
   NODE_WAIT_TIMEOUT (300 s, head)  WORKER_JOIN_TIMEOUT (600 s, worker)  LOG_DIR (<repo>/logs)
   RAY_START_ARGS (extra `ray start` arguments)  RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH (token auth stays on)
   ASCEND_SET_ENV_FILES (CANN set_env.sh files sourced when present)
@@ -38,14 +41,16 @@ EXIT_CODES = """environment (set in ENV_SCRIPT or the shell; defaults make one n
 exit codes:
   N   the head exits with TRAIN_SCRIPT's exit code (0 on success); --dry-run with the preflight's
   0   a worker whose head finished and went away
-  2   usage error (missing or unreadable script)
-  65  the preflight rejected the recipe (nothing was started)
-  69  a Ray node already runs here or the port is taken (nothing was stopped), or the head is unreachable
+  2   usage error (missing script, TRAIN_SCRIPT and ENV_SCRIPT swapped, an ENV_SCRIPT that exits or trains)
+  65  the preflight rejected the recipe, or the recipe stopped before its preflight ran (nothing was started)
+  69  a Ray node already runs here or the port is taken (its holder named), or the head is unreachable
   70  Ray failed to start or died
   75  not every node / NPU joined before NODE_WAIT_TIMEOUT (Ray stopped)
-  78  bad topology: NNODES, MASTER_ADDR, SOCKET_IFNAME, NPUS_PER_NODE, Ray token
-  130/143  interrupted (SIGINT/SIGTERM); the recipe and Ray were stopped
+  78  bad topology: NNODES, MASTER_ADDR, SOCKET_IFNAME, NPUS_PER_NODE, visible devices, Ray token
+  130/143  interrupted (SIGINT/SIGTERM, also during the preflight); the recipe (or preflight) and Ray were stopped
 """
+
+GUARD_DIR = REPO_ROOT / "npu_rl" / "launch" / "guard"  # sitecustomize: no main_ppo, no Ray while planning
 
 
 class Interrupted(BaseException):
@@ -54,6 +59,7 @@ class Interrupted(BaseException):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+        self.reported = False  # True once a line said what was stopped
 
 
 class _Signals:
@@ -84,7 +90,10 @@ class Launcher:
         self.train = train_script
         self.overrides = list(overrides)
         self.env_script = env_script
-        self.env = dict(env)
+        # A real run never inherits plan-mode or env-sourcing markers (run_verl would take them for plan mode).
+        self.env = {k: v for k, v in env.items() if k not in ("NPU_RL_PLAN_MARK", "NPU_RL_SOURCING_ENV")}
+        self.verbose = False
+        self.preflight_ran = False
         self.run_dir: Path | None = None
         self._log_file = None
         self._early: list[str] = []
@@ -149,6 +158,15 @@ class Launcher:
             if not dry_run:
                 raise
             auth, notes = {}, [f"the real run would stop here: {e}"]  # a laptop has no cluster token
+        if dry_run and topo.is_head:  # what the head would refuse before starting Ray
+            if cluster.running_raylets():
+                notes.append(
+                    f"the real run would stop here: a Ray node already runs here ({cluster.running_raylets()[0]})"
+                )
+            elif cluster.port_open(topo.node_ip, topo.master_port):
+                notes.append(
+                    f"the real run would stop here: {cluster.port_busy_message(topo.node_ip, topo.master_port)}"
+                )
         self.env.update(auth)
         self.env.setdefault("NPU_RL_TRAIN_PYTHON", sys.executable)
         self.env["NPU_RL_RECIPE"] = str(self.train)
@@ -167,16 +185,26 @@ class Launcher:
             self.log(f"note: {n}")
         return topo
 
-    def print_env(self) -> str:
-        text = format_table(("variable", "value"), shown_env(self.env))
-        print(text, file=sys.stderr, flush=True)
-        return text
+    def env_table(self) -> str:
+        """Every shown variable, ``NAME  value`` per line: the run's env.txt."""
+        return format_table(("variable", "value"), shown_env(self.env))
+
+    def print_env(self) -> None:
+        """The summary: the topology and what the user set (ENV_SCRIPT, shell); --verbose: every variable."""
+        rows, left_out = summary_rows(self.env, verbose=self.verbose)
+        title = "environment" + (
+            f" (set by ENV_SCRIPT or the shell, and the topology; --verbose shows {left_out} more)" if left_out else ""
+        )
+        print(f"{title}:\n{format_table(('variable', 'value', 'from'), rows)}", file=sys.stderr, flush=True)
 
     # -- subprocesses ---------------------------------------------------------------------------------
-    def _tee(self, cmd: list[str], env: Mapping[str, str], log_path: Path | None) -> int:
+    def _tee(
+        self, cmd: list[str], env: Mapping[str, str], log_path: Path | None, what: str = "", forward: int | None = None
+    ) -> int:
         """Run ``cmd`` in its own session, copying its output to stdout and ``log_path``; return its code.
 
-        On :class:`Interrupted` the signal is forwarded to the whole group, SIGKILL after a grace period.
+        On :class:`Interrupted` the signal (or ``forward``) goes to the whole group, SIGKILL after a grace
+        period, and one line says what was stopped (``what``).
         """
         log = open(log_path, "ab") if log_path else None  # noqa: SIM115 - closed below
         proc = subprocess.Popen(
@@ -194,8 +222,11 @@ class Launcher:
                     log.flush()
             return proc.wait()
         except Interrupted as e:
-            self.log(f"{signal.Signals(e.signum).name}: stopping {Path(cmd[1]).name if cmd[0] == 'bash' else cmd[-1]}")
-            _stop_group(proc, e.signum, grace=float(self.env.get("NPU_RL_STOP_GRACE", "60")))
+            name = what or (Path(cmd[1]).name if cmd[0] == "bash" else cmd[-1])
+            self.log(f"{signal.Signals(e.signum).name}: stopping {name}")
+            e.reported = True
+            grace = 10.0 if forward else float(self.env.get("NPU_RL_STOP_GRACE", "60"))
+            _stop_group(proc, forward or e.signum, grace=grace)
             raise
         finally:
             if proc.poll() is None:
@@ -206,9 +237,12 @@ class Launcher:
     def plan(self, log_path: Path | None) -> int:
         """Run the recipe in plan mode: ``run_verl`` runs the preflight instead of training.
 
-        The preflight leaves a mark; a recipe that exits 0 without reaching ``run_verl`` checked
-        nothing and is refused. ``RAY_ADDRESS`` points nowhere, so a recipe that calls ``main_ppo``
-        directly fails at once instead of starting a local Ray cluster.
+        The preflight leaves a mark (:attr:`preflight_ran`); a recipe that exits 0 without reaching
+        ``run_verl`` checked nothing and is refused (65), and one that fails before it is told apart
+        from a rejection. Nothing in plan mode can train or start Ray: ``RAY_ADDRESS`` points nowhere,
+        and the guard on ``PYTHONPATH`` (``npu_rl/launch/guard``) refuses main_ppo, ``ray start`` and a
+        local ``ray.init()``. An interrupt stops the preflight's whole process group (SIGTERM: no
+        traceback) and is raised on.
         """
         with tempfile.TemporaryDirectory(prefix="npu-rl-plan-") as tmp:
             mark = Path(tmp) / "preflight-ran"
@@ -218,15 +252,49 @@ class Launcher:
                 "NPU_RL_PLAN_MARK": str(mark),
                 "NPU_RL_CLI_OVERRIDES": "\n".join(self.overrides),
                 "RAY_ADDRESS": "plan-mode-starts-no-ray:1",
+                "PYTHONPATH": os.pathsep.join(p for p in (str(GUARD_DIR), self.env.get("PYTHONPATH")) if p),
             }
-            rc = self._tee(["bash", str(self.train), *self.overrides], env, log_path)
-            if rc == 0 and not mark.exists():
+            cmd = ["bash", str(self.train), *self.overrides]
+            rc = self._tee(cmd, env, log_path, what=f"the preflight of {self.train.name}", forward=signal.SIGTERM)
+            self.preflight_ran = mark.exists()
+            if rc == 0 and not self.preflight_ran:
+                hint = ""
+                if _only_sets_variables(self.train):
+                    hint = (
+                        f". {self.train.name} only sets variables: it looks like an ENV_SCRIPT; the train script "
+                        "comes first: bash ray_start_npu.sh [--dry-run] TRAIN_SCRIPT ENV_SCRIPT"
+                    )
                 self.log(
                     f"{self.train.name} exited 0 in plan mode without reaching run_verl: nothing was checked. "
-                    'A recipe sources internal/verl.sh and ends with run_verl "${ARGS[@]}" "$@"'
+                    'A recipe sources internal/verl.sh and ends with run_verl "${ARGS[@]}" "$@"' + hint
                 )
                 return 65
+            if rc != 0 and not self.preflight_ran:
+                self.log(self._stopped_early(rc))
+                return 65
             return rc
+
+    def _stopped_early(self, rc: int) -> str:
+        """Why a recipe failed before its preflight gave a verdict, as far as the file tells."""
+        how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit {rc}"
+        msg = (
+            f"{self.train} stopped ({how}) before the preflight gave a verdict (it did not reach run_verl, or the "
+            "preflight itself failed): nothing was checked; its output is above"
+        )
+        outside = REPO_ROOT not in self.train.parents
+        relative = [
+            ln.strip()
+            for ln in _code_lines(self.train)
+            if "internal/verl.sh" in ln and "NPU_RL_ROOT" not in ln and "source" in ln
+        ]
+        if outside and relative:
+            msg += (
+                f". It is outside the repository ({REPO_ROOT}) and sources internal/verl.sh relative to its own "
+                f"folder ({relative[0][:100]}), which does not exist there. Source it through the root the launcher "
+                'exports instead: source "${NPU_RL_ROOT:-$(dirname "${BASH_SOURCE[0]}")/../..}/internal/verl.sh" '
+                f"(NPU_RL_ROOT={REPO_ROOT}), as the shipped recipes do"
+            )
+        return msg
 
     def ray_exe(self) -> str:
         local = Path(sys.executable).with_name("ray")
@@ -243,7 +311,10 @@ class Launcher:
             self.log("preflight: checking the recipe before starting the cluster")
             rc = self.plan(run / "preflight.txt")
             if rc != 0:
-                self.log(f"the preflight rejected {self.train} (exit {rc}); the cluster was not started")
+                if self.preflight_ran:
+                    self.log(f"the preflight rejected {self.train} (exit {rc}); the cluster was not started")
+                else:
+                    self.log("the cluster was not started")
                 return 65
         cluster.refuse_foreign_cluster(topo.node_ip, topo.master_port)
         args = cluster.ray_start_args(
@@ -341,6 +412,23 @@ def _stop_group(proc: subprocess.Popen, signum: int, grace: float) -> None:
     proc.wait()
 
 
+def _code_lines(path: Path) -> list[str]:
+    """The lines of a bash script that are not blank or comments."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    return [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def _only_sets_variables(path: Path) -> bool:
+    """True for a script whose every line is an assignment, export, set/shopt or source (an ENV_SCRIPT)."""
+    lines = _code_lines(path)
+    assignment = r"\s*((export|declare|readonly|local)(\s+-\w+)*\s+)?[A-Za-z_][A-Za-z0-9_]*(=.*)?"
+    pattern = assignment + r"|\s*(set|shopt|source|\.|unset)\s.*"
+    return bool(lines) and all(re.fullmatch(pattern, ln) for ln in lines)
+
+
 def _seconds(env: Mapping[str, str], key: str, default: float) -> float:
     raw = env.get(key, "").strip()
     if not raw:
@@ -364,6 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dry-run", action="store_true", help="resolve topology and env, run the preflight; start nothing")
     p.add_argument("--no-preflight", action="store_true", help="head: skip the preflight (not recommended)")
+    p.add_argument("-v", "--verbose", action="store_true", help="print every environment variable (with its origin)")
     p.add_argument("train_script", type=Path, help="recipe: a bash script that ends with run_verl ...")
     p.add_argument(
         "rest",
@@ -408,10 +497,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # Flags may come anywhere (users append --dry-run last); everything else after TRAIN_SCRIPT is
     # the ENV_SCRIPT and Hydra overrides, which never start with "-".
-    flags = [a for a in argv if a in ("--dry-run", "--no-preflight", "-h", "--help")]
+    flags = [a for a in argv if a in ("--dry-run", "--no-preflight", "-v", "--verbose", "-h", "--help")]
     unknown = [a for a in argv if a.startswith("-") and a not in flags]
     if unknown:
-        err(f"unknown option {unknown[0]} (options: --dry-run, --no-preflight, --help)")
+        err(f"unknown option {unknown[0]} (options: --dry-run, --no-preflight, --verbose, --help)")
         return 2
     args = build_parser().parse_args(flags + [a for a in argv if a not in flags])
     rest = list(args.rest)
@@ -423,21 +512,37 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
     launcher = Launcher(args.train_script.resolve(), env_script and env_script.resolve(), os.environ, rest)
+    launcher.verbose = args.verbose
     try:
-        topo = launcher.resolve(dry_run=args.dry_run)
-        if args.dry_run:
-            launcher.print_env()
-            launcher.env["NPU_RL_DRY_RUN"] = "1"  # missing model/data files are warnings, not errors
-            rc = launcher.plan(None)
-            launcher.log(f"dry run: the preflight {'passed' if rc == 0 else 'rejected the recipe'} (exit {rc})")
-            return rc
-        run = launcher.open_run_dir(topo)
-        (run / "env.txt").write_text(launcher.print_env() + "\n")
-        if topo.is_head:
-            return launcher.head(topo, preflight=not args.no_preflight)
-        return launcher.worker(topo)
+        with _Signals(launcher.log):
+            return _run(launcher, args)
+    except Interrupted as e:
+        if not e.reported:
+            launcher.log(f"{signal.Signals(e.signum).name}: stopped before anything was started")
+        return 128 + e.signum
     except NpuRlError as e:
         launcher.log(f"error: {e}")
         return e.exit_code
     finally:
         launcher.close()
+
+
+def _run(launcher: Launcher, args: argparse.Namespace) -> int:
+    topo = launcher.resolve(dry_run=args.dry_run)
+    if args.dry_run:
+        # The plan first, then the environment it was made with.
+        launcher.env["NPU_RL_DRY_RUN"] = "1"  # missing model/data files are warnings, not errors
+        rc = launcher.plan(None)
+        launcher.print_env()
+        if launcher.preflight_ran:
+            launcher.log(f"dry run: the preflight {'passed' if rc == 0 else 'rejected the recipe'} (exit {rc})")
+        else:
+            launcher.log(f"dry run: nothing was checked (exit {rc})")
+        return rc
+    run = launcher.open_run_dir(topo)
+    (run / "env.txt").write_text(launcher.env_table() + "\n")
+    launcher.print_env()
+    launcher.log(f"every variable: {run / 'env.txt'}")
+    if topo.is_head:
+        return launcher.head(topo, preflight=not args.no_preflight)
+    return launcher.worker(topo)

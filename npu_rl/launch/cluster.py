@@ -62,18 +62,51 @@ def refuse_running_node() -> None:
         )
 
 
+def port_holders(port: int) -> list[str]:
+    """Who listens on TCP ``port`` on this machine: "pid N (user U): COMMAND" for each process this
+    user may see, "a process of another user (...)" for a socket whose owner is hidden."""
+    import psutil
+
+    try:
+        conns = psutil.net_connections(kind="inet")
+    except (psutil.Error, OSError):
+        return []
+    found: list[str] = []
+    for c in conns:
+        if c.status != psutil.CONN_LISTEN or not c.laddr or c.laddr.port != port:
+            continue
+        if c.pid is None:
+            found.append(f"a process this user cannot see (another user's; `sudo ss -ltnp 'sport = :{port}'` names it)")
+            continue
+        try:
+            p = psutil.Process(c.pid)
+            cmd = " ".join(p.cmdline()) or p.name()
+            found.append(f"pid {c.pid} (user {p.username()}): {cmd[:160]}")
+        except psutil.Error:
+            found.append(f"pid {c.pid}")
+    return list(dict.fromkeys(found))
+
+
+def port_busy_message(host: str, port: int) -> str:
+    """What the head says when its Ray port is taken: the holder when it can be named, and the fix."""
+    holders = port_holders(port)
+    who = "; ".join(holders) if holders else "a process `ss -ltnp` names (as root for other users')"
+    return (
+        f"MASTER_PORT {port} on {host} is already in use by {who}: pick a free MASTER_PORT (the same on every "
+        "node), or stop that program if it is yours"
+    )
+
+
 def refuse_foreign_cluster(host: str, port: int) -> None:
     """Raise unless this node is free for the head of a new cluster on host:port.
 
     Raises:
-        ClusterBusy: a Ray node already runs here, or something already listens on the head port.
+        ClusterBusy: a Ray node already runs here, or something already listens on the head port
+            (the message names the listening process when this user can see it).
     """
     refuse_running_node()
     if port_open(host, port):
-        raise ClusterBusy(
-            f"{host}:{port} is already in use (another Ray head or service): pick a free MASTER_PORT "
-            "(the same on every node), or stop what listens there if it is yours (`ss -ltnp` shows it)"
-        )
+        raise ClusterBusy(port_busy_message(host, port))
 
 
 class RayNodeProcess:

@@ -112,11 +112,54 @@ def shown_env(env: Mapping[str, str]) -> list[tuple[str, str]]:
     """(key, value) pairs of the summary, sorted, with secrets replaced by ``<set, hidden>``."""
     rows = []
     for key in sorted(env):
-        if not env[key]:
+        if not env[key] or key.startswith("NPU_RL_FROM_"):  # internal/launch.sh's bookkeeping
             continue
         if key.startswith(SHOWN_PREFIXES) or is_secret(key) and key.startswith(("RAY_", "NPU_RL_")):
             rows.append((key, "<set, hidden>" if is_secret(key) else env[key]))
     return rows
+
+
+# Always in the short summary: what a node runs with, whoever set it.
+ALWAYS_SHOWN = (
+    "NNODES",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NPUS_PER_NODE",
+    "SOCKET_IFNAME",
+    "ASCEND_RT_VISIBLE_DEVICES",
+    "ASCEND_VISIBLE_DEVICES",
+    "RAY_AUTH_MODE",
+)
+# Names internal/launch.sh records while it builds the environment (space-separated).
+ORIGIN_KEYS = (("NPU_RL_FROM_ENV_SCRIPT", "ENV_SCRIPT"), ("NPU_RL_FROM_SHELL", "shell"), ("NPU_RL_FROM_CANN", "CANN"))
+ORIGIN_DEFAULTS = "NPU_RL_FROM_DEFAULTS"
+
+
+def origin(key: str, env: Mapping[str, str]) -> str:
+    """Who set ``key``: ENV_SCRIPT, shell, CANN (set_env.sh), default (internal/launch.sh) or launcher."""
+    for record, name in ORIGIN_KEYS:
+        if key in env.get(record, "").split():
+            return name
+    return "default" if key in env.get(ORIGIN_DEFAULTS, "").split() else "launcher"
+
+
+def summary_rows(env: Mapping[str, str], verbose: bool = False) -> tuple[list[tuple[str, str, str]], int]:
+    """(variable, value, origin) rows of the printed summary, and how many shown rows were left out.
+
+    The short form keeps :data:`ALWAYS_SHOWN` and what the user set (ENV_SCRIPT, shell), minus
+    install paths (``ASCEND_*=/...``, CANN's own); ``verbose`` keeps every row of :func:`shown_env`.
+    """
+    rows = [(k, v, origin(k, env)) for k, v in shown_env(env)]
+    if verbose:
+        return rows, 0
+    short = [
+        r
+        for r in rows
+        if r[0] in ALWAYS_SHOWN
+        or r[2] in ("ENV_SCRIPT", "shell")
+        and not (r[0].startswith("ASCEND_") and r[1].startswith("/"))
+    ]
+    return short, len(rows) - len(short)
 
 
 def sourced_files(env: Mapping[str, str]) -> list[str]:

@@ -138,6 +138,111 @@ def default_address(probe: Probe) -> str:
         return "127.0.0.1"
 
 
+# Device-visibility variables the stack reads. ASCEND_RT_VISIBLE_DEVICES is CANN's runtime mask
+# (torch_npu, vLLM-Ascend, HCCL): logical die ids of this node, local rank i runs on the i-th id.
+# ASCEND_VISIBLE_DEVICES is the Ascend Docker runtime's (which dies a container gets mounted; verl
+# reads its first id to query npu-smi); it also takes ranges (0-3).
+RT_VISIBLE = "ASCEND_RT_VISIBLE_DEVICES"
+CONTAINER_VISIBLE = "ASCEND_VISIBLE_DEVICES"
+
+
+def _parse_device_list(key: str, raw: str, ranges: bool) -> list[int]:
+    """Die ids of a visibility variable; raises with the reason and a corrected value."""
+    if not raw.strip():
+        raise TopologyError(
+            f"{key} is set but empty: the stack would see no NPU on this node; unset it (every die is "
+            f"visible) or list the dies, e.g. {key}=0,1,2,3"
+        )
+    ids: list[int] = []
+    bad: list[str] = []
+    for token in raw.split(","):
+        m = re.fullmatch(r"(\d+)-(\d+)", token, re.ASCII) if ranges else None
+        if re.fullmatch(r"\d+", token, re.ASCII):
+            ids.append(int(token))
+        elif m and int(m.group(1)) <= int(m.group(2)):
+            ids.extend(range(int(m.group(1)), int(m.group(2)) + 1))
+        else:
+            bad.append(token)
+    if bad:
+        what = "an empty entry" if any(not b.strip() for b in bad) else f"{bad[0]!r}, not a die id"
+        clean = [t.strip() for t in raw.split(",") if t.strip()]
+        fix = (
+            f"; write {key}={','.join(clean)}"
+            if clean and all(re.fullmatch(r"\d+", t, re.ASCII) for t in clean)
+            else ""
+        )
+        form = "comma-separated die ids or ranges (0-3)" if ranges else "comma-separated die ids (0,1,2,3)"
+        reader = (
+            "the Ascend Docker runtime and verl's device probe (it reads the first id) cannot use it"
+            if ranges
+            else "CANN reads such a list only up to the first entry it cannot parse and silently drops the "
+            "rest, so torch_npu would see fewer NPUs than listed (or none)"
+        )
+        raise TopologyError(f"{key}={raw!r} has {what}: it takes {form}, no spaces, no empty entries; {reader}{fix}")
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise TopologyError(
+            f"{key}={raw} lists die {', '.join(map(str, dup))} more than once (CANN takes strictly ascending lists "
+            f"only); list each die once: {key}={','.join(map(str, sorted(set(ids))))}"
+        )
+    return ids
+
+
+def visible_devices(
+    env: Mapping[str, str], explicit_npus: int | None, counted: int | None
+) -> tuple[int | None, str | None, list[str]]:
+    """Check the device-visibility variables of ``env`` on this node.
+
+    Returns (the dies visible, the variable that limits them, notes); (None, None, []) when neither
+    is set. ``explicit_npus`` is ``NPUS_PER_NODE`` when set;
+    ``counted`` the dies this node has (/dev/davinci*, npu-smi), None when unknown.
+
+    Raises:
+        TopologyError: a list is malformed (spaces, empty entries, not a number), repeats a die, is
+            not ascending (``ASCEND_RT_VISIBLE_DEVICES``: CANN takes ascending lists only), names a die
+            this node does not have, or holds fewer dies than ``NPUS_PER_NODE``.
+    """
+    notes: list[str] = []
+    limit: tuple[int, str] | None = None
+    if CONTAINER_VISIBLE in env:
+        ids = _parse_device_list(CONTAINER_VISIBLE, env[CONTAINER_VISIBLE], ranges=True)
+        # Order does not matter here: the container runtime mounts the set.
+        limit = (len(ids), CONTAINER_VISIBLE)
+    if RT_VISIBLE in env:
+        raw = env[RT_VISIBLE]
+        ids = _parse_device_list(RT_VISIBLE, raw, ranges=False)
+        if ids != sorted(ids):
+            raise TopologyError(
+                f"{RT_VISIBLE}={raw} is not in ascending order: CANN accepts ascending lists only and otherwise "
+                "reports no usable NPU (torch.npu.is_available() is False, or 'it must be configured in "
+                f"ascending order'). Local rank i runs on the i-th listed die either way; write "
+                f"{RT_VISIBLE}={','.join(map(str, sorted(ids)))}"
+            )
+        have = counted if limit is None else limit[0]
+        have_src = "this node has" if limit is None else f"{CONTAINER_VISIBLE} gives this container"
+        if have is not None and ids[-1] >= have:
+            raise TopologyError(
+                f"{RT_VISIBLE}={raw} names die {ids[-1]} but {have_src} {have} (logical ids 0-{have - 1}, "
+                "`npu-smi info -m` column Chip Logic ID): CANN silently drops ids it does not have and every id "
+                f"after them, so fewer NPUs than listed would be visible; list ids below {have}"
+            )
+        limit = (len(ids), RT_VISIBLE)
+    if limit is None:
+        return None, None, notes
+    n, key = limit
+    if explicit_npus is not None and explicit_npus > n:
+        raise TopologyError(
+            f"NPUS_PER_NODE={explicit_npus} but {key}={env[key]} makes {n} die(s) visible: Ray would offer "
+            f"{explicit_npus} NPU slots and the ranks past {n} would find no device. List {explicit_npus} dies "
+            f"in {key}, or set NPUS_PER_NODE={n} (or unset it: it then defaults to the list's length)"
+        )
+    if explicit_npus is not None and explicit_npus < n:
+        notes.append(
+            f"{key} makes {n} dies visible and NPUS_PER_NODE={explicit_npus}: the job uses the first {explicit_npus}"
+        )
+    return n, key, notes
+
+
 def resolve_topology(env: Mapping[str, str], probe: Probe | None = None, dry_run: bool = False) -> Topology:
     """Resolve this node's topology from ``env``.
 
@@ -160,15 +265,19 @@ def resolve_topology(env: Mapping[str, str], probe: Probe | None = None, dry_run
     port = _int(env, "MASTER_PORT", DEFAULT_MASTER_PORT, 1024, 65535)
 
     counted = probe.count_npus()
-    if env.get("NPUS_PER_NODE", "").strip():
-        npus, npus_source = _int(env, "NPUS_PER_NODE", DEFAULT_NPUS_PER_NODE, 1), "NPUS_PER_NODE"
+    explicit = _int(env, "NPUS_PER_NODE", DEFAULT_NPUS_PER_NODE, 1) if env.get("NPUS_PER_NODE", "").strip() else None
+    visible, visible_key, visible_notes = visible_devices(env, explicit, counted[0] if counted else None)
+    if explicit is not None:
+        npus, npus_source = explicit, "NPUS_PER_NODE"
+    elif visible is not None:
+        npus, npus_source = visible, str(visible_key)
     elif counted:
         npus, npus_source = counted
     else:
         npus, npus_source = DEFAULT_NPUS_PER_NODE, "default"
 
     master = env.get("MASTER_ADDR", "").strip()
-    notes: list[str] = []
+    notes: list[str] = list(visible_notes)
     planned_head = False
     if not master and nnodes > 1 and dry_run:
         master, planned_head = default_address(probe), True

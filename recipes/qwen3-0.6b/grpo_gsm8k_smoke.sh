@@ -3,7 +3,7 @@
 #   bash ray_start_npu.sh recipes/qwen3-0.6b/grpo_gsm8k_smoke.sh recipes/qwen3-0.6b/env_1node.sh
 set -euo pipefail
 # shellcheck source=internal/verl.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../../internal/verl.sh"
+source "${NPU_RL_ROOT:-$(dirname "${BASH_SOURCE[0]}")/../..}/internal/verl.sh"
 
 NPUS_PER_NODE="${NPUS_PER_NODE:-16}"
 MODEL_PATH="${MODEL_PATH:-${MODELS_DIR:-$HOME/models}/Qwen3-0.6B}"

@@ -6,7 +6,7 @@
 # replica over all dies), prefix caching on. GBS 512 x n 16 as in the reference.
 set -euo pipefail
 # shellcheck source=internal/verl.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../../internal/verl.sh"
+source "${NPU_RL_ROOT:-$(dirname "${BASH_SOURCE[0]}")/../..}/internal/verl.sh"
 
 NNODES="${NNODES:-8}"
 NPUS_PER_NODE="${NPUS_PER_NODE:-16}"

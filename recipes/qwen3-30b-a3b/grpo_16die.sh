@@ -5,7 +5,7 @@
 # parallel 16 (one replica over the node), prefix caching on.
 set -euo pipefail
 # shellcheck source=internal/verl.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../../internal/verl.sh"
+source "${NPU_RL_ROOT:-$(dirname "${BASH_SOURCE[0]}")/../..}/internal/verl.sh"
 
 NNODES="${NNODES:-1}"
 NPUS_PER_NODE="${NPUS_PER_NODE:-16}"

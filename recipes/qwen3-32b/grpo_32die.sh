@@ -5,7 +5,7 @@
 # Rollout: vLLM TP 8 (one KV head per die), 4 replicas, prefix caching on (a group shares its prompt).
 set -euo pipefail
 # shellcheck source=internal/verl.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../../internal/verl.sh"
+source "${NPU_RL_ROOT:-$(dirname "${BASH_SOURCE[0]}")/../..}/internal/verl.sh"
 
 NNODES="${NNODES:-2}"
 NPUS_PER_NODE="${NPUS_PER_NODE:-16}"

@@ -4,7 +4,7 @@
 # Training: FSDP over every die. Rollout: vLLM TP 2 (4 KV heads per die), one replica per 2 dies.
 set -euo pipefail
 # shellcheck source=internal/verl.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../../internal/verl.sh"
+source "${NPU_RL_ROOT:-$(dirname "${BASH_SOURCE[0]}")/../..}/internal/verl.sh"
 
 NPUS_PER_NODE="${NPUS_PER_NODE:-16}"
 MODEL_PATH="${MODEL_PATH:-${MODELS_DIR:-$HOME/models}/Qwen3-8B}"

@@ -8,7 +8,7 @@
 # questions shipped in tests/data) are made on first use under $NPU_RL_TINY_DIR.
 set -euo pipefail
 # shellcheck source=internal/verl.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../../internal/verl.sh"
+source "${NPU_RL_ROOT:-$(dirname "${BASH_SOURCE[0]}")/../..}/internal/verl.sh"
 
 if [[ "${VERL_PLATFORM:-}" != cpu ]]; then
     echo "error: recipes/qwen3-tiny/grpo_cpu.sh runs on verl's CPU platform only; start it with its env script:" \

@@ -2,7 +2,7 @@
 # A valid Qwen3-32B GRPO recipe on 2 x 16 dies (Megatron engine); the case recipes add one fault each.
 set -euo pipefail
 # shellcheck source=internal/verl.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../../internal/verl.sh"
+source "${NPU_RL_ROOT:-$(dirname "${BASH_SOURCE[0]}")/../..}/internal/verl.sh"
 ARGS=(
     model_engine=megatron
     actor_rollout_ref.model.path="${MODEL_PATH:-/nonexistent/Qwen3-32B}"
