@@ -163,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         with srclock.exclusive(sources, command.strip(), read_only=read_only):
             srclock.clean_leftovers(sources, lambda m: print(m, file=sys.stderr))
             code = _run(args, maintainer, sources, patches_dir)
-        if code:
-            return code
+        if code or (not maintainer and args.status):
+            return code  # --status prints the table only: two runs on the same trees print the same
     except NpuRlError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
