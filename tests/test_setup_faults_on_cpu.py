@@ -139,6 +139,21 @@ def run(script: str, *args: str, env: dict | None = None, cwd: Path | None = Non
     return finish(start(script, *args, env=env, cwd=cwd))
 
 
+def send_signals(proc: subprocess.Popen, rng: random.Random) -> list[str]:
+    """One to three of SIGINT/SIGTERM/SIGHUP, 2-80 ms apart, to ``proc``'s whole process group (as a
+    terminal's Ctrl-C reaches every process of the foreground job); returns the names sent."""
+    sent = []
+    for _ in range(rng.choice((1, 2, 3))):
+        sig = rng.choice(SIGNALS)
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        sent.append(sig.name)
+        time.sleep(rng.uniform(0.002, 0.080))
+    return sent
+
+
 def fault_git(tmp_path: Path, rules: list[tuple[str, str, str, int]], write_delay: float = 0.0) -> dict:
     """Environment whose PATH puts a git wrapper in front of the real git. Each rule (tree folder
     name, space-separated git subcommands, message, writes allowed) makes those subcommands fail in
@@ -229,15 +244,7 @@ def test_signals_at_random_points_leave_all_baseline_or_all_applied(trees, tmp_p
     proc = start("apply_all_patches.sh", "--sources", str(sources), env=fault_git(tmp_path, [], write_delay=0.1))
     # a quarter of the trials hit the start-up (bash, Python's imports), the rest the apply itself
     time.sleep(rng.uniform(0.0, 0.4) if trial % 4 == 0 else rng.uniform(0.8, 2.6))
-    sent = []
-    for _ in range(rng.choice((1, 2, 3))):
-        sig = rng.choice(SIGNALS)
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        sent.append(sig.name)
-        time.sleep(rng.uniform(0.002, 0.080))
+    sent = send_signals(proc, rng)
     rc, out, err = finish(proc)
     got = states(sources, expect)
     ctx = f"seed {seed}: sent {sent}, exit {rc}, trees {got}"
@@ -261,15 +268,7 @@ def test_signals_during_revert_leave_each_tree_whole_and_a_rerun_finishes(trees,
     apply_by_hand(sources)
     proc = start("apply_all_patches.sh", "--revert", "--sources", str(sources))
     time.sleep(rng.uniform(0.2, 2.5))
-    sent = []
-    for _ in range(rng.choice((1, 2, 3))):
-        sig = rng.choice(SIGNALS)
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        sent.append(sig.name)
-        time.sleep(rng.uniform(0.002, 0.080))
+    sent = send_signals(proc, rng)
     rc, _, err = finish(proc)
     got = states(sources, expect)
     ctx = f"seed {seed}: sent {sent}, exit {rc}, trees {got}"
