@@ -48,12 +48,20 @@ if _hypothesis_settings is not None:
         ) from exc
 
 
+@pytest.fixture(scope="session")
+def _vllm_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("vllm-cache")
+
+
 @pytest.fixture(autouse=True)
-def _isolated_git(tmp_path_factory, monkeypatch):
-    """No user or system git config leaks into a test (our git() also ignores them)."""
+def _isolated_git(tmp_path_factory, monkeypatch, _vllm_cache):
+    """No user or system git config leaks into a test (our git() also ignores them). vLLM's cache (the
+    model-class facts the preflight's engine config needs, ~8 s to make) is one per session, not per HOME."""
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    if not os.environ.get("VLLM_CACHE_ROOT"):
+        monkeypatch.setenv("VLLM_CACHE_ROOT", str(_vllm_cache))
 
 
 @pytest.fixture(scope="session")

@@ -62,8 +62,11 @@ def test_bad_sam_values_name_the_key():
     assert "needs the draft length" in e[f"{S}.num_speculative_tokens"].message
     _, e = errors(*SAM, f"+{S}.sam_draft_len=3")
     assert "not a field of vLLM's SpeculativeConfig" in e[f"{S}.sam_draft_len"].message
-    _, e = errors(*SAM, "+actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling=true")
-    assert "synchronous scheduling" in e["actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling"].message
+    _, e = errors(*SAM, "+actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling=true")  # vLLM's VllmConfig
+    assert (
+        "async scheduling is only supported with EAGLE/MTP/Draft Model/NGram GPU"
+        in e["actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling"].message
+    )
 
 
 def test_reference_env_name_is_an_alias_of_the_gate():

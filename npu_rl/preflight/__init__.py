@@ -1,8 +1,9 @@
 """Reject a bad recipe before the cluster starts.
 
 :func:`run_preflight` composes a recipe's overrides with the pinned verl's Hydra config, runs verl's
-``validate_config`` and this project's checks (keys, batch arithmetic, layout vs model, lengths,
-resources, memory, feature switches), collects every problem, and returns them with a compact plan.
+``validate_config``, lets verl, vLLM and vllm-ascend validate the rollout they would build
+(:mod:`npu_rl.preflight.libraries`), adds this project's checks (keys, batch arithmetic, layout vs model,
+lengths, resources, memory, feature switches), collects every problem, and returns them with a compact plan.
 Recipes reach it through ``run_verl`` in plan mode (``ray_start_npu.sh --dry-run``, and the head
 before it starts Ray); ``python -m npu_rl.preflight RECIPE [ENV]`` is the same dry run.
 """
@@ -21,7 +22,15 @@ from pathlib import Path
 from npu_rl.features import env_flag, feature_state
 from npu_rl.preflight import checks
 from npu_rl.preflight.compose import Cli, check_overrides, compose_config, split_cli
-from npu_rl.preflight.model import MODELS_DIR, ModelFacts, find_model_config, load_model_facts, shipped_models
+from npu_rl.preflight.libraries import check_hand_rules, check_libraries
+from npu_rl.preflight.model import (
+    MODELS_DIR,
+    ModelFacts,
+    find_model_config,
+    hub_id,
+    load_model_facts,
+    shipped_models,
+)
 from npu_rl.preflight.rebalance import check_rollout_rebalance
 from npu_rl.preflight.report import Report
 from npu_rl.preflight.sampler import check_sampler
@@ -85,13 +94,14 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         return [("checks", "stopped: fix the values above first (every other check does arithmetic on them)")]
     model_path = str(sel(cfg, "actor_rollout_ref.model.path", ""))
     override = sel(cfg, "actor_rollout_ref.model.override_config", {}) or {}
-    model = _model_facts(model_path, env, report, _plain(override))
+    model, config_json = _model_facts(model_path, env, report, _plain(override))
     _check_files(cfg, model_path, env, report, config_only=bool(env_flag(env, "NPU_RL_RANDOM_INIT")))
     world = checks.check_resources(cfg, env, report)
     lay = checks.train_layout(cfg, world)
     roll = checks.rollout_layout(cfg)
     npus_per_node = int(env.get("NPUS_PER_NODE") or sel(cfg, "trainer.n_gpus_per_node", 8))
     checks.check_batches(cfg, lay, report)
+    checks.check_ignored_batch_keys(cfg, report)
     checks.check_reward_and_dapo(cfg, report)
     _verl_validate(cfg, report, cli.injected)
     node_env = json.loads(env["NPU_RL_NODE_FEATURE_ENV"]) if env.get("NPU_RL_NODE_FEATURE_ENV") else None
@@ -106,6 +116,8 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     checks.check_rollout_hygiene(env, report)
     check_spec_decode(cfg, env, report)
     check_rollout_rebalance(cfg, env, report)
+    check_libraries(cfg, env, report, model_path, config_json, cli.injected)
+    check_hand_rules(cfg, env, report)
     plan = [
         ("config", f"{cli.config_name} ({cli.config_dir})"),
         ("cluster", f"{sel(cfg, 'trainer.nnodes')} node(s) x {sel(cfg, 'trainer.n_gpus_per_node')} dies = {world}"),
@@ -121,7 +133,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     if any(f.env == "NPU_RL_RANDOM_INIT" for f in feats.on):
         checks.check_random_init(cfg, report)
     est = checks.estimate_memory(cfg, lay, roll, model)
-    checks.check_memory(cfg, est, lengths, report)
+    checks.check_memory(cfg, est, lengths, report, lay)
     dense, expert = model.params()
     tbs, n = sel(cfg, "data.train_batch_size"), sel(cfg, "actor_rollout_ref.rollout.n")
     dapo = sel(cfg, "reward.reward_manager.name") == "dapo" or bool(sel(cfg, "algorithm.filter_groups.enable", False))
@@ -176,7 +188,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
             "memory/die",
             f"train {est.train_total:.1f} GiB (w {est.train_weights:.1f} g {est.train_grads:.1f} "
             f"opt {est.train_optimizer:.1f}) + activations; rollout weights {est.rollout_weights:.1f} GiB, "
-            f"KV {est.kv_budget:.1f} GiB = {est.kv_tokens} tokens",
+            f"KV {est.kv_budget:.1f} GiB = {est.kv_tokens} tokens; against {checks.HBM}",
         ),
         ("features on", ", ".join(f.name for f in feats.on) or "none"),
     ]
@@ -192,19 +204,21 @@ def _check_files(cfg, model_path: str, env: Mapping[str, str], report: Report, c
     flag = report.warn if dry else report.error
     where = "here (fine for a dry run on another machine)" if dry else "on the head node"
     model_dir = Path(os.path.expanduser(model_path))
+    only = " --config-only" if config_only else ""
     if model_dir.is_dir():
         missing = missing_files(model_dir, config_only)
         if missing:
             report.error(
                 "actor_rollout_ref.model.path",
                 f"{model_dir} is incomplete; missing: {', '.join(missing)}",
-                "finish the download: python -m npu_rl.models download <id> --dest " + str(model_dir),
+                f"finish the download: python -m npu_rl.models download {hub_id(model_path)}{only} --dest {model_dir}",
             )
     else:
         flag(
             "actor_rollout_ref.model.path",
             f"{model_path} does not exist {where}",
-            "python -m npu_rl.models download Qwen/<model> (ModelScope; --hub hf for the Hugging Face hub)",
+            f"python -m npu_rl.models download {hub_id(model_path)}{only} --dest {model_path} "
+            "(ModelScope; --hub hf for the Hugging Face hub)",
         )
     for key in ("data.train_files", "data.val_files"):
         value = checks.sel(cfg, key)
@@ -213,7 +227,24 @@ def _check_files(cfg, model_path: str, env: Mapping[str, str], report: Report, c
             f = str(f)
             if "://" in f or Path(os.path.expanduser(f)).exists():
                 continue
-            flag(key, f"{f} does not exist {where}", "python -m npu_rl.data <dataset> --input FILE | --hub ...")
+            flag(key, f"{f} does not exist {where}", _data_fix(f))
+
+
+def _data_fix(path: str) -> str:
+    """The ``npu_rl.data`` command that writes ``path`` (``<out>/<dataset>/<split>.parquet``)."""
+    from npu_rl.data import SPECS
+
+    p = Path(path)
+    dataset, out = p.parent.name, p.parent.parent
+    if dataset not in SPECS or p.suffix != ".parquet":
+        return (
+            f"write it with python -m npu_rl.data DATASET --hub modelscope --out DIR (DATASET one of "
+            f"{', '.join(sorted(SPECS))}; it writes DIR/DATASET/<split>.parquet), or point {path!r} at your file"
+        )
+    return (
+        f"python -m npu_rl.data {dataset} --hub modelscope --split {p.stem} --out {out} "
+        "(or --input FILE for a local copy)"
+    )
 
 
 def _cmp(a: int, b: int) -> str:
@@ -226,9 +257,11 @@ def _plain(node) -> dict:
     return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
 
 
-def _model_facts(model_path: str, env: Mapping[str, str], report: Report, override: dict) -> ModelFacts | None:
+def _model_facts(
+    model_path: str, env: Mapping[str, str], report: Report, override: dict
+) -> tuple[ModelFacts | None, Path | None]:
     """Facts from the model's config.json (or shipped metadata), with ``model.override_config`` applied
-    (verl applies it to the HF config, e.g. YaRN ``rope_scaling`` or ``max_position_embeddings``)."""
+    (verl applies it to the HF config, e.g. ``max_position_embeddings``), and the file they came from."""
     key = "actor_rollout_ref.model.path"
     path = find_model_config(model_path, dict(env))
     if path is None:
@@ -236,9 +269,10 @@ def _model_facts(model_path: str, env: Mapping[str, str], report: Report, overri
             key,
             f"{model_path!r} has no config.json here and matches no shipped metadata ({', '.join(shipped_models())}); "
             "the layout, length and memory checks need it and were skipped",
-            "download the model's config.json to that path, or set NPU_RL_MODEL_META=<shipped name or config path>",
+            f"python -m npu_rl.models download {hub_id(model_path)} --config-only --dest {model_path} (its "
+            "config.json and tokenizer), or set NPU_RL_MODEL_META=<shipped name or config path>",
         )
-        return None
+        return None, None
     base = Path(model_path.rstrip("/")).name
     if path.parent == MODELS_DIR and not env.get("NPU_RL_MODEL_META") and base.lower() != path.stem.lower():
         report.warn(
@@ -248,10 +282,10 @@ def _model_facts(model_path: str, env: Mapping[str, str], report: Report, overri
             "config.json",
         )
     try:
-        return load_model_facts(path, override)
+        return load_model_facts(path, override), path
     except (OSError, ValueError, KeyError) as e:
         report.error(key, f"cannot read model facts from {path}: {e!r}", "point NPU_RL_MODEL_META at a config.json")
-        return None
+        return None, None
 
 
 def _verl_validate(cfg, report: Report, injected: list[str]) -> None:

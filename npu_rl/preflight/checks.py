@@ -15,6 +15,7 @@ from npu_rl.preflight.model import ModelFacts
 from npu_rl.preflight.report import Report
 
 HBM_PER_DIE_GB = 64  # Atlas A3 (910C) die
+HBM = f"{HBM_PER_DIE_GB} GiB per die (Atlas A3)"  # what the memory lines compare against
 GB = 1024**3
 A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"
@@ -62,6 +63,8 @@ def check_values(cfg, report: Report) -> bool:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             report.error(key, f"= {value!r}; it must be a whole number >= 1", f"set {key} to a positive integer")
             ok = False
+    # The same range as vLLM's CacheConfig (gt=0, le=1): checked here first because the memory estimate
+    # needs the number; vLLM's own verdict comes later (npu_rl.preflight.libraries).
     util = sel(cfg, f"{R}.gpu_memory_utilization", 0.5)
     if isinstance(util, bool) or not isinstance(util, int | float) or not 0 < util <= 1:
         report.error(f"{R}.gpu_memory_utilization", f"= {util!r}; it must be a fraction in (0, 1]", "e.g. 0.85")
@@ -217,6 +220,57 @@ def check_batches(cfg, lay: TrainLayout, report: Report) -> None:
         )
 
 
+# (dynamic batch switch, the token budget it uses instead, the micro-batch keys it makes verl ignore):
+# verl's engine workers size micro-batches by tokens when the switch is on (engine_workers.py:350-358, 404-412).
+REF = "actor_rollout_ref.ref"
+DYNAMIC_BATCH_KEYS = (
+    (
+        f"{A}.use_dynamic_bsz",
+        f"{A}.ppo_max_token_len_per_gpu",
+        ("ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size"),
+    ),
+    (
+        f"{R}.log_prob_use_dynamic_bsz",
+        f"{R}.log_prob_max_token_len_per_gpu",
+        ("log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size"),
+    ),
+    (
+        f"{REF}.log_prob_use_dynamic_bsz",
+        f"{REF}.log_prob_max_token_len_per_gpu",
+        ("log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size"),
+    ),
+    (
+        "critic.use_dynamic_bsz",
+        "critic.ppo_max_token_len_per_gpu",
+        ("ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size"),
+    ),
+)
+
+
+def check_ignored_batch_keys(cfg, report: Report) -> None:
+    """Micro-batch sizes set under dynamic batch size are ignored (a warning); and the actor and its
+    log-prob pass must agree on the switch."""
+    for switch, tokens, leaves in DYNAMIC_BATCH_KEYS:
+        if not bool(sel(cfg, switch, False)):
+            continue
+        for key in (f"{switch.rsplit('.', 1)[0]}.{leaf}" for leaf in leaves):
+            if sel(cfg, key) is not None:
+                report.warn(
+                    key,
+                    f"= {sel(cfg, key)} is ignored: {switch}=True sizes micro-batches by tokens ({tokens})",
+                    f"drop {key}, or set {switch}=False to use it",
+                )
+    actor, log_prob = (bool(sel(cfg, k, False)) for k in (f"{A}.use_dynamic_bsz", f"{R}.log_prob_use_dynamic_bsz"))
+    if actor != log_prob:
+        # Stands in for verl's ActorRolloutRefWorker.init_model assertion (engine_workers.py:616), which runs
+        # on the workers once the cluster is up.
+        report.error(
+            f"{R}.log_prob_use_dynamic_bsz",
+            f"= {log_prob} but {A}.use_dynamic_bsz={actor}: verl's actor worker asserts they are equal",
+            f"drop {R}.log_prob_use_dynamic_bsz (it follows {A}.use_dynamic_bsz by default)",
+        )
+
+
 def _example_mini(tbs: int, n: int, dp: int) -> str:
     """ " (e.g. ppo_mini_batch_size=M)" for the smallest divisor M of ``tbs`` with M x n a multiple of ``dp``."""
     for m in range(1, tbs + 1):
@@ -289,12 +343,14 @@ def check_layout(cfg, lay: TrainLayout, roll: RolloutLayout, model: ModelFacts, 
             report.error(f"{s}.expert_model_parallel_size", f"EP {lay.ep} on a dense model (no experts)", "set it to 1")
 
     rk = f"{R}.tensor_model_parallel_size"
-    if model.heads % roll.tp:
-        report.error(rk, f"rollout TP {roll.tp} does not divide {model.heads} attention heads (vLLM)")
+    # Attention heads % TP: vLLM's ModelConfig.verify_with_parallel_config (npu_rl.preflight.libraries).
+    # KV heads: stands in for vLLM's Qwen3 attention (vllm/model_executor/models/qwen3.py:83-90), which
+    # asserts it when the model is built on the devices.
     if model.kv_heads % roll.tp and roll.tp % model.kv_heads:
         report.error(
             rk,
-            f"rollout TP {roll.tp} neither divides nor is a multiple of {model.kv_heads} KV heads (vLLM)",
+            f"rollout TP {roll.tp} neither divides nor is a multiple of {model.kv_heads} KV heads (vLLM's Qwen3 "
+            "attention asserts one or the other when it builds the model)",
             f"use a TP that divides {model.kv_heads} or is a multiple of it",
         )
     elif roll.tp > model.kv_heads:
@@ -304,6 +360,8 @@ def check_layout(cfg, lay: TrainLayout, roll: RolloutLayout, model: ModelFacts, 
             f"{roll.tp // model.kv_heads} dies, so every die caches 1 KV head per layer",
             f"TP {model.kv_heads} with data_parallel_size x{roll.tp // model.kv_heads} holds more KV per die",
         )
+    # Replica placement: verl's resource pool hands each replica TP x DP x PP consecutive dies, and
+    # RolloutReplica.__init__ (verl/workers/rollout/replica.py:114-118) asserts whole nodes per replica.
     if roll.replica > lay.world or lay.world % roll.replica:
         report.error(
             rk,
@@ -317,15 +375,14 @@ def check_layout(cfg, lay: TrainLayout, roll: RolloutLayout, model: ModelFacts, 
             f"a {roll.replica}-die rollout replica spans nodes of {npus_per_node} dies unevenly",
             "use a replica size that divides a node or is a multiple of it",
         )
+    # EP = TP x DP: verl's RolloutConfig.__post_init__ (npu_rl.preflight.libraries).
     if roll.ep > 1:
-        if roll.ep != roll.tp * roll.dp:
-            report.error(
-                f"{R}.expert_parallel_size",
-                f"rollout EP {roll.ep} != TP {roll.tp} x DP {roll.dp} (verl's RolloutConfig requires equality)",
-                f"set expert_parallel_size={roll.tp * roll.dp}",
-            )
         if not model.is_moe:
-            report.error(f"{R}.expert_parallel_size", f"EP {roll.ep} on a dense model", "set it to 1")
+            report.warn(
+                f"{R}.expert_parallel_size",
+                f"EP {roll.ep} on a dense model: vLLM's expert parallelism has no experts to place here (ignored)",
+                "set it to 1",
+            )
         elif model.experts % roll.ep:
             report.warn(
                 f"{R}.expert_parallel_size",
@@ -372,9 +429,12 @@ def check_reshard_layout(lay: TrainLayout, roll: RolloutLayout, model: ModelFact
 
 
 def check_lengths(cfg, model: ModelFacts, report: Report) -> dict[str, int]:
-    """prompt + response <= rollout max_model_len <= max_position_embeddings (verl caps max_tokens at
-    ``max_model_len - len(prompt)``, silently cutting responses of long prompts); prompts fit one
-    ``max_num_batched_tokens`` unless chunked prefill is on."""
+    """prompt + response <= rollout max_model_len: no library knows both (verl caps each request's
+    max_tokens at ``max_model_len - len(prompt)``, silently cutting responses of long prompts).
+
+    The other length rules are the libraries' own (npu_rl.preflight.libraries): max_model_len vs the
+    model (verl's ``vLLMHttpServer._validate_configs``, vLLM's ``ModelConfig``), max_num_batched_tokens
+    vs max_model_len without chunked prefill and vs max_num_seqs (vLLM's ``SchedulerConfig``)."""
     p, r = int(sel(cfg, "data.max_prompt_length", 0)), int(sel(cfg, "data.max_response_length", 0))
     mml_set = sel(cfg, f"{R}.max_model_len")
     mml = int(mml_set) if mml_set is not None else model.max_position_embeddings  # verl's default
@@ -386,33 +446,8 @@ def check_lengths(cfg, model: ModelFacts, report: Report) -> dict[str, int]:
             "responses to long prompts would be cut short of max_response_length",
             f"set {R}.max_model_len={p + r}" + (f" (<= max_position_embeddings {mpe})" if p + r <= mpe else "")
             if p + r <= mpe
-            else f"shorten prompt/response to fit max_position_embeddings {mpe}",
-        )
-    if mml > mpe:
-        report.error(
-            f"{R}.max_model_len",
-            f"{mml} > the model's max_position_embeddings ({mpe}, {model.source})",
-            f"set it <= {mpe} (or add rope scaling to the model config)",
-        )
-    if p + r > mpe and p + r <= mml:
-        report.error("data.max_response_length", f"prompt + response = {p + r} > max_position_embeddings {mpe}")
-    mnbt = int(sel(cfg, f"{R}.max_num_batched_tokens", 0))
-    chunked = bool(sel(cfg, f"{R}.enable_chunked_prefill", True))
-    if mnbt and mnbt < p:
-        (report.warn if chunked else report.error)(
-            f"{R}.max_num_batched_tokens",
-            f"{mnbt} < data.max_prompt_length ({p}): "
-            + (
-                "long prompts are prefilled in several chunks" if chunked else "vLLM cannot schedule the longest prompt"
-            ),
-            f"set max_num_batched_tokens >= {p}",
-        )
-    mns = int(sel(cfg, f"{R}.max_num_seqs", 0))
-    if mnbt and mns and mnbt < mns:
-        report.error(
-            f"{R}.max_num_batched_tokens",
-            f"{mnbt} < max_num_seqs ({mns}): vLLM refuses to start",
-            f"set max_num_batched_tokens >= {mns}",
+            else f"shorten prompt/response to fit max_position_embeddings {mpe}, or give the model rope scaling "
+            "(override_config for the trainer and engine_kwargs.vllm.hf_overrides for vLLM)",
         )
     return {"prompt": p, "response": r, "max_model_len": mml, "max_position_embeddings": mpe}
 
@@ -428,6 +463,8 @@ class MemoryEstimate:
     rollout_weights: float
     kv_budget: float
     kv_tokens: int  # tokens of KV cache one rollout replica holds
+    resident_keys: tuple[str, ...] = ()  # the offload switches that are off while their state is on the die
+    sharded_optimizer: bool = True  # Megatron's distributed optimizer (FSDP always shards)
 
     @property
     def train_total(self) -> float:
@@ -446,17 +483,18 @@ def estimate_memory(cfg, lay: TrainLayout, roll: RolloutLayout, model: ModelFact
         opt_params = dense / (lay.tp * lay.pp) / (lay.dp if sharded else 1) + expert / (lay.ep * lay.etp * lay.pp) / (
             expert_dp if sharded else 1
         )
-        offload = {k: bool(sel(cfg, f"{lay.section}.{k}_offload", False)) for k in ("param", "grad", "optimizer")}
+        section = lay.section
     else:  # FSDP shards everything over the world
         on_die = (dense + expert) / lay.world
         opt_params = on_die
-        offload = {
-            "param": bool(sel(cfg, f"{A}.fsdp_config.param_offload", False)),
-            "grad": bool(sel(cfg, f"{A}.fsdp_config.param_offload", False)),
-            "optimizer": bool(sel(cfg, f"{A}.fsdp_config.optimizer_offload", False)),
-        }
+        sharded, section = True, f"{A}.fsdp_config"
+    # verl 0.9.1: param_offload releases the gradient buffers too (there is no grad_offload any more)
+    switches = {"param": f"{section}.param_offload", "grad": f"{section}.param_offload"}
+    switches["optimizer"] = f"{section}.optimizer_offload"
+    offload = {part: bool(sel(cfg, key, False)) for part, key in switches.items()}
     w, g, o = on_die * 2 / GB, on_die * 4 / GB, opt_params * 12 / GB
     resident = (0 if offload["param"] else w) + (0 if offload["grad"] else g) + (0 if offload["optimizer"] else o)
+    resident_keys = tuple(dict.fromkeys(key for part, key in switches.items() if not offload[part]))
     ep_split = roll.tp * roll.dp if roll.ep > 1 else roll.tp
     rw = (dense / roll.tp + expert / ep_split) * 2 / GB
     util = float(sel(cfg, f"{R}.gpu_memory_utilization", 0.5))
@@ -464,41 +502,64 @@ def estimate_memory(cfg, lay: TrainLayout, roll: RolloutLayout, model: ModelFact
     kv_heads_per_die = max(model.kv_heads // roll.tp, 1)
     per_token = 2 * model.layers * kv_heads_per_die * model.head_dim * 2  # K and V, bf16, one die
     kv_tokens = int(max(kv_budget, 0) * GB / per_token) if per_token else 0
-    return MemoryEstimate(w, g, o, resident, rw, kv_budget, kv_tokens)
+    return MemoryEstimate(w, g, o, resident, rw, kv_budget, kv_tokens, resident_keys, sharded)
 
 
-def check_memory(cfg, est: MemoryEstimate, lengths: Mapping[str, int], report: Report) -> None:
-    """Warnings (not errors: the estimate leaves out activations) when a phase cannot fit a 64 GB die."""
+def check_memory(cfg, est: MemoryEstimate, lengths: Mapping[str, int], report: Report, lay: TrainLayout | None = None):
+    """The per-die estimate against the HBM of an A3 die. A phase the estimate alone puts over the HBM
+    fails at run time (an error); training within 10% of it, before activations, is a warning."""
     hbm = HBM_PER_DIE_GB
+    megatron = lay is not None and lay.engine in ("megatron", "mindspeed")
+    train = (
+        f"weights {est.train_weights:.1f} + grads {est.train_grads:.1f} + optimizer {est.train_optimizer:.1f} "
+        f"= {est.train_total:.1f} GiB per die before activations"
+    )
     if est.train_total > hbm * 0.9:
-        report.warn(
-            "memory (training)",
-            f"weights {est.train_weights:.1f} + grads {est.train_grads:.1f} + optimizer {est.train_optimizer:.1f} "
-            f"= {est.train_total:.1f} GiB per die before activations, HBM {hbm} GiB",
-            "raise TP/PP/EP, keep the distributed optimizer on, or offload",
-        )
+        if megatron:
+            fix = f"raise {lay.section}.tensor/pipeline/expert_model_parallel_size"
+        else:
+            fix = "train on more dies, or with model_engine=megatron (TP/PP/EP shard the model further)"
+        if not est.sharded_optimizer:
+            fix += f", and turn the distributed optimizer on ({lay.section}.use_distributed_optimizer=True)"
+        if est.train_total > hbm:
+            report.error(
+                "memory (training)",
+                f"{train}: {est.train_total / hbm:.1f}x the {HBM}, the update cannot fit",
+                fix,
+            )
+        else:
+            report.warn(
+                "memory (training)",
+                f"{train}, within 10% of the {HBM}: activations will not fit beside it",
+                fix,
+            )
     util = float(sel(cfg, f"{R}.gpu_memory_utilization", 0.5))
+    key = f"{R}.gpu_memory_utilization"
     if est.resident_in_rollout + util * hbm > hbm:
-        report.warn(
-            f"{R}.gpu_memory_utilization",
-            f"vLLM takes {util} x {hbm} = {util * hbm:.1f} GiB while {est.resident_in_rollout:.1f} GiB of training "
-            "state stays on the die (not offloaded)",
-            "offload params/grads/optimizer during rollout, or lower gpu_memory_utilization",
+        room = max(int((hbm - est.resident_in_rollout) / hbm * 100) / 100, 0)
+        fixes = [f"set {k}=True" for k in est.resident_keys]
+        fixes.append(f"lower {key} to {room:g}" if room > 0 else "shard the training state over more dies")
+        report.error(
+            key,
+            f"vLLM asks for {util} x {HBM} = {util * hbm:.1f} GiB while {est.resident_in_rollout:.1f} GiB of "
+            "training state stays on the die (not offloaded): vLLM refuses to start when less HBM is free than "
+            "gpu_memory_utilization asks for",
+            ", or ".join(fixes),
         )
     if est.kv_budget <= 0:
         report.error(
-            f"{R}.gpu_memory_utilization",
-            f"vLLM's share {util} x {hbm} GiB cannot hold its weights ({est.rollout_weights:.1f} GiB per die): "
+            key,
+            f"vLLM's share {util} x {HBM} cannot hold its weights ({est.rollout_weights:.1f} GiB per die): "
             "no KV cache is left and vLLM will refuse to start",
-            "raise rollout TP (or EP for MoE) or gpu_memory_utilization",
+            "raise rollout TP (or EP for MoE)" + (f" or {key}" if util < 1 else ""),
         )
     elif est.kv_tokens < lengths["max_model_len"]:
-        report.warn(
-            f"{R}.gpu_memory_utilization",
-            f"KV budget {est.kv_budget:.1f} GiB per die (= {util} x {hbm} - weights {est.rollout_weights:.1f}) holds "
-            f"{est.kv_tokens} tokens, less than one max_model_len ({lengths['max_model_len']}) sequence: "
+        report.error(
+            key,
+            f"KV budget {est.kv_budget:.1f} GiB per die (= {util} x {HBM} - weights {est.rollout_weights:.1f}) "
+            f"holds {est.kv_tokens} tokens, less than one max_model_len ({lengths['max_model_len']}) sequence: "
             "vLLM will refuse to start",
-            "raise rollout TP or gpu_memory_utilization",
+            "raise rollout TP" + (f" or {key}" if util < 1 else "") + f", or lower {R}.max_model_len",
         )
 
 

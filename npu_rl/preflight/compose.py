@@ -226,16 +226,26 @@ def check_overrides(cli: Cli, report: Report) -> list[str]:
                 f"export {key}={_value_text(raw)} in the ENV_SCRIPT (every node sources it before Ray starts)",
             )
             continue
-        if freeform is None and depth == len(parts) - 1 and _dataclass_has_field(node, parts[-1]):
-            # verl's yaml leaves out some fields its dataclass reads (rollout.enable_sleep_mode):
-            # the dataclass is the judge, and Hydra needs a '+' to add the key to the yaml.
+        alias = _interpolated(tree, parts) if freeform is None else None
+        if alias:
+            # e.g. rollout.mtp is ${oc.select:actor_rollout_ref.model.mtp, null}: Hydra cannot add below it
+            report.error(
+                key,
+                f"{alias[0]} follows {alias[1]} (an interpolation): Hydra cannot set a key below it",
+                f"set {alias[2]}={_value_text(raw)} (what {alias[0]} follows)",
+            )
+            continue
+        reader = _dataclass_reading(tree, parts) if freeform is None else None
+        if reader:
+            # verl's yaml leaves out some fields its dataclasses read (rollout.enable_sleep_mode), at any
+            # depth below a section with a _target_: the dataclass is the judge, and Hydra needs a '+'.
             if o.is_add() or o.is_force_add():
                 kept.append(raw)
                 added.add(key)
             else:
                 report.error(
                     key,
-                    f"{node['_target_']} reads this field but verl's yaml does not list it",
+                    f"{reader} reads this field but verl's yaml does not list it",
                     f"write +{key}={_value_text(raw)}",
                 )
             continue
@@ -346,20 +356,73 @@ class _Alternates:
         return None
 
 
-def _dataclass_has_field(node: Any, name: str) -> bool:
-    """Whether the config section ``node`` builds a dataclass (``_target_``) that has a field ``name``."""
+def _interpolated(tree: dict, parts: list[str]) -> tuple[str, str, str] | None:
+    """(section, the key it interpolates, the key to set instead) when a section above ``parts`` is an
+    interpolation of another section, else None."""
+    depth, node = _walk(tree, parts)  # node: the value at parts[:depth], the deepest part that exists
+    if not 0 < depth < len(parts) or not isinstance(node, str):
+        return None
+    m = re.fullmatch(r"\$\{(?:oc\.select:)?\s*([\w.]+)\s*(?:,[^}]*)?\}", node)
+    if not m:
+        return None
+    section = ".".join(parts[:depth])
+    return section, m.group(1), ".".join([m.group(1), *parts[depth:]])
+
+
+def _dataclass_of(node: Any) -> type | None:
+    """The dataclass a config section builds (its ``_target_``), or None."""
     import dataclasses
     import importlib
 
     target = node.get("_target_") if isinstance(node, dict) else None
     if not isinstance(target, str) or "." not in target:
-        return False
+        return None
     module, _, attr = target.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError):
-        return False
-    return dataclasses.is_dataclass(cls) and any(f.name == name for f in dataclasses.fields(cls))
+        return None
+    return cls if dataclasses.is_dataclass(cls) else None
+
+
+def _field_dataclass(cls: type, name: str) -> type | None:
+    """The dataclass type of field ``name`` of ``cls`` (through ``Optional[...]``), or None."""
+    import dataclasses
+    import typing
+
+    try:
+        hint = typing.get_type_hints(cls).get(name)
+    except Exception:  # noqa: BLE001 - an unresolvable annotation: not followed
+        return None
+    for t in (hint, *typing.get_args(hint)):
+        if isinstance(t, type) and dataclasses.is_dataclass(t):
+            return t
+    return None
+
+
+def _dataclass_reading(tree: dict, parts: list[str]) -> str | None:
+    """``module.Class.field`` of the verl dataclass that reads the key ``parts``, else None.
+
+    The nearest section above the key with a ``_target_`` dataclass is the start; the components below
+    it must be fields of that dataclass and of the dataclass types of its fields, the last one a field.
+    """
+    import dataclasses
+
+    for i in range(len(parts) - 1, 0, -1):
+        depth, node = _walk(tree, parts[:i])
+        if depth != i:
+            continue
+        cls = _dataclass_of(node)
+        if cls is None:
+            continue
+        for p in parts[i:-1]:
+            cls = _field_dataclass(cls, p)
+            if cls is None:
+                return None
+        if any(f.name == parts[-1] for f in dataclasses.fields(cls)):
+            return f"{cls.__module__}.{cls.__qualname__}"
+        return None
+    return None
 
 
 def _freeform_schema(tree: dict, parts: list[str], depth: int, add: bool = False) -> tuple[str, list[str]] | None:

@@ -42,10 +42,10 @@ class ModelFacts:
         """
         text = cfg.get("text_config", cfg)  # multimodal wrappers keep the LM config here
         heads = text["num_attention_heads"]
-        max_pos = text["max_position_embeddings"]
-        scaling = text.get("rope_scaling") or {}
-        if scaling.get("factor") and scaling.get("rope_type", scaling.get("type")) in ("yarn", "dynamic", "linear"):
-            max_pos = int(scaling.get("original_max_position_embeddings", max_pos) * scaling["factor"])
+        # The field itself, as verl reads it (rollout/utils.py get_max_position_embeddings): verl's default
+        # and limit for max_model_len. vLLM derives its own limit (rope scaling included); its ModelConfig
+        # judges that (npu_rl.preflight.libraries).
+        max_pos = cfg.get("max_position_embeddings") or text["max_position_embeddings"]
         return cls(
             source=source,
             hidden=text["hidden_size"],
@@ -85,6 +85,13 @@ class ModelFacts:
             dense_layer = attn + norms + 3 * self.hidden * self.intermediate
             expert_layer = 0
         return embed + self.hidden + self.layers * dense_layer, self.layers * expert_layer
+
+
+def hub_id(model_path: str) -> str:
+    """The hub id of the model a path names (``npu_rl.models download`` takes it): ``Qwen/<folder name>``
+    for Qwen models, ``<org>/<folder name>`` otherwise."""
+    name = Path(model_path.rstrip("/")).name or "<model>"
+    return f"Qwen/{name}" if name.lower().startswith("qwen") else f"<org>/{name}"
 
 
 def shipped_models() -> list[str]:

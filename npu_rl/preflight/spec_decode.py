@@ -44,17 +44,14 @@ def check_spec_decode(cfg, env: Mapping[str, str], report: Report) -> str | None
             f"{R}.name", f"is '{sel(cfg, f'{R}.name')}': the SAM drafter is a vLLM proposer", f"set {R}.name=vllm"
         )
     if sel(cfg, f"{R}.mtp.enable", False) and sel(cfg, f"{R}.mtp.enable_rollout", False):
-        report.error(
+        # verl's build_mtp_speculative_config lays engine_kwargs.vllm.speculative_config over MTP's
+        # (vllm_rollout/utils.py:522-537): method=sam wins and MTP drafting silently does not run.
+        report.warn(
             f"{R}.mtp.enable_rollout",
-            "MTP rollout replaces engine_kwargs.vllm.speculative_config, so SAM would silently not run",
-            "use one drafter: SAM (method=sam) or MTP",
+            "is ignored: verl lays engine_kwargs.vllm.speculative_config (method=sam) over MTP's drafter config",
+            "use one drafter: SAM (method=sam) or MTP (actor_rollout_ref.model.mtp.enable_rollout)",
         )
-    if sel(cfg, f"{R}.engine_kwargs.vllm.async_scheduling", None) is True:
-        report.error(
-            f"{R}.engine_kwargs.vllm.async_scheduling",
-            "vLLM runs CPU drafters (sam, ngram, suffix) only with synchronous scheduling and refuses this",
-            "drop the key (vLLM then turns async scheduling off for SAM by itself)",
-        )
+    # async_scheduling=True with SAM: vLLM's VllmConfig refuses it (npu_rl.preflight.libraries).
     if isinstance(spec, Mapping) and spec.get("prompt_lookup_max") is not None:
         report.warn(f"{PREFIX}.prompt_lookup_max", "is an n-gram setting: the SAM drafter ignores it")
     gate = {0: "never"}.get(
