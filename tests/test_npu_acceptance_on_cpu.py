@@ -88,6 +88,8 @@ def test_dry_run_prints_each_runs_preflight_plan_and_exits_0(dry_run):
     out = dry_run.stdout
     assert dry_run.returncode == 0, out[-3000:]
     assert "acceptance suite: dry run (nothing is started)" in out
+    assert "stack as installed: torch " in out and "verl 0.9.1 (pinned 0.9.1)" in out
+    assert "patch series: apply_all_patches.sh --status exited " in out
     assert "pair engine GC guard: A=0.6b-gc-off B=0.6b-base" in out
     assert "=== run 1/2: 0.6b-base" in out and "=== run 2/2: 0.6b-gc-off" in out
     assert out.count("preflight of /") == 2 and out.count("preflight: ok") == 2  # the launcher's preflight plans
@@ -170,6 +172,12 @@ def test_report_run_numbers_are_the_logs(built):
     assert gc_off["summary"]["tokens_per_s_per_die"] == pytest.approx((214.0 + 208.0) / 2)
     assert gc_off["summary"]["engine_gc_announced"] == 0
     assert gc_off["leftovers"] == ["pid 6161: VLLM::EngineCore"]
+    assert [_run(rep, n)["wall_s"] for n in ("0.6b-base", "0.6b-sam", "0.6b-gc-off", "0.6b-eager")] == [
+        412.3,
+        398.0,
+        420.9,
+        15.2,
+    ]
     eager = _run(rep, "0.6b-eager")
     assert eager["status"] == "failed" and eager["exit_code"] == 65 and "summary" not in eager
     assert eager["reason"].startswith("error: actor_rollout_ref.model.path: ~/models/Qwen3-0.6B is incomplete")
@@ -199,12 +207,17 @@ def test_report_ab_table_is_the_logs(built):
         "draft acceptance rate: – / 0.4447 |" in md  # fmt: skip
     assert "| engine GC guard | 0.6b-gc-off | 0.6b-base | after-first | 22 | 21 | -4.5% | 52 | 51 | -1.9% | 211 " \
         "| 215 | +1.9% | engine cores with the GC guard on: 0 / 2 |" in md  # fmt: skip
-    assert "| 0.6b-base | the shipped recipe | passed | 16 | 3 | 21 | 51 | 215 | 430 | 25.5 | 21 |" in md
+    assert "| 0.6b-base | the shipped recipe | passed | 412.3 | 16 | 3 | 21 | 51 | 215 | 430 | 25.5 | 21 |" in md
     assert (
-        "| 0.6b-sam | SAM speculative decoding, 3 draft tokens | passed | 16 | 3 | 16 | 46 | 238 | 476 | 26 | 21.2 |"
-        in md
+        "| 0.6b-sam | SAM speculative decoding, 3 draft tokens | passed | 398 | 16 | 3 | 16 | 46 | 238 | 476 | 26 "
+        "| 21.2 |" in md
     )
-    assert "| 0.6b-eager | eager rollout (no ACL graphs) | failed (exit 65) |" in md
+    assert "| 0.6b-eager | eager rollout (no ACL graphs) | failed (exit 65) | 15.2 | – |" in md
+    # the node's facts as recorded in facts.json, the patch series table included
+    assert "| vllm_ascend | 0.23.0.post1 (pinned 0.23.0.post1) |" in md
+    assert (
+        "verl           0.9.1         pypi verl-0.9.1.tar.gz                ok        8/8      ba605f9ac9cd7ee7" in md
+    )
     assert "| 0.6b-base | 1 | 0.62 | 0.21 | 0.0012 | `training/rollout_probs_diff_mean` |" in md
     assert "| 0.6b-base | first_step.actor/entropy | 0.62 | unknown | – | unknown |" in md
 

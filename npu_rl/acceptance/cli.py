@@ -37,10 +37,12 @@ RUN_TIMEOUT_S = 3600.0
 
 
 def log(msg: str) -> None:
+    """One ``[npu-rl acceptance HH:MM:SS]`` line on stderr."""
     print(f"[npu-rl acceptance {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The suite's options (``--help``)."""
     p = argparse.ArgumentParser(
         prog="tools/npu_acceptance.sh",
         description="The NPU acceptance suite: real recipes through ray_start_npu.sh on one node, every feature "
@@ -134,9 +136,19 @@ def dry_run(plan: Plan, env: dict[str, str]) -> int:
     from npu_rl.table import format_table
 
     found, npus, _ = npus_view(env)
-    cann, cann_from = facts_mod.cann_version(env)
+    facts = facts_mod.collect(env, npus)
     print("acceptance suite: dry run (nothing is started)")
-    print(f"node: NPUs {'found' if found else 'not found'}: {npus}; CANN {cann or 'not found'} ({cann_from})")
+    print(f"node: NPUs {'found' if found else 'not found'}: {npus}; CANN {facts['cann']}; driver {facts['driver']}")
+    installed = ", ".join(
+        f"{name} {info['installed'] or 'not installed'}" + (f" (pinned {info['pinned']})" if info["pinned"] else "")
+        for name, info in facts["packages"].items()
+    )
+    print(f"stack as installed: {installed}")
+    print(f"patch series: {facts['patch_series']}")
+    for line in facts["patch_status"]["output"]:
+        print(f"  {line}")
+    if found and (problem := facts_mod.cann_problem(facts["cann_version"])):
+        print(f"note: the real run would stop here: {problem}")
     print(f"runs: {len(plan.runs)}; A/B pairs: {len(plan.pairs)}")
     for p in plan.pairs:
         print(f"  pair {p.feature}: A={p.off} B={p.on} ({p.switch}; steps compared: {p.steps})")
@@ -233,6 +245,7 @@ def _reason(folder: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``tools/npu_acceptance.sh``: a dry run, a real run or ``report OUT``; returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["report"]:
         p = argparse.ArgumentParser(prog="tools/npu_acceptance.sh report", description="rebuild the report of OUT")

@@ -110,7 +110,8 @@ def collect(env: Mapping[str, str], npus: str) -> dict:
             name: {"installed": installed(name), "pinned": pins.get(lock) if lock else None}
             for name, lock in PACKAGES.items()
         },  # fmt: skip
-        "patch_series": f"exit {status['exit_code']}: " + " / ".join(status["output"][-8:]),
+        "patch_series": f"apply_all_patches.sh --status exited {status['exit_code']}"
+        + (" (a consistent set)" if status["exit_code"] == 0 else " (see patch_status)"),
         "patch_status": status,
         "private": {
             "hosts": sorted({socket.gethostname(), socket.getfqdn(), platform.node()} - {""}),

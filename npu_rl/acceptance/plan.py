@@ -96,6 +96,7 @@ class Plan:
     not_planned: tuple[tuple[str, str], ...] = ()
 
     def run(self, name: str) -> Run:
+        """The run called ``name``; KeyError when the plan has none."""
         for r in self.runs:
             if r.name == name:
                 return r

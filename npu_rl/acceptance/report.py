@@ -220,6 +220,7 @@ def fmt(x) -> str:
 
 
 def fmt_pct(x: float | None) -> str:
+    """A change in percent with its sign and one decimal (``+10.7%``); ``–`` for none."""
     return "–" if x is None else f"{x:+.1f}%"
 
 
@@ -235,7 +236,7 @@ def markdown(rep: dict) -> str:
         f"leftover processes: {v['leftover_processes']}."
     )
     out += ["", "## Environment", "", "| fact | value |", "|---|---|"]
-    for key in ("cann", "driver", "python", "platform", "npus", "patch_series"):
+    for key in ("cann", "driver", "python", "platform", "npus"):
         if key in f:
             out.append(f"| {key} | {_cell(f[key])} |")
     for name, info in sorted(f.get("packages", {}).items()):
@@ -244,15 +245,18 @@ def markdown(rep: dict) -> str:
                    f"{f' (pinned {pin})' if pin else ''} |")  # fmt: skip
     if f.get("npu_smi"):
         out += ["", "npu-smi:", "", "```", *f["npu_smi"], "```"]
+    if f.get("patch_status", {}).get("output"):
+        out += ["", "`bash apply_all_patches.sh --status`:", "", "```", *f["patch_status"]["output"], "```"]
     out += ["", "## Runs", "",
-            "| run | what | status | dies | steps | generate s | step s | tokens/s per die | tokens/s per card "
-            "| peak HBM reserved GiB | peak HBM allocated GiB |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            "| run | what | status | wall s | dies | steps | generate s | step s | tokens/s per die "
+            "| tokens/s per card | peak HBM reserved GiB | peak HBM allocated GiB |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rep["runs"]:
         s = r.get("summary") or {}
         status = r["status"] if r["status"] != "failed" else f"failed (exit {r.get('exit_code')})"
         out.append(
-            f"| {r['name']} | {r['what']} | {status} | {fmt(r.get('dies'))} | {fmt(s.get('steps'))} "
+            f"| {r['name']} | {r['what']} | {status} | {fmt(r.get('wall_s'))} | {fmt(r.get('dies'))} "
+            f"| {fmt(s.get('steps'))} "
             f"| {fmt(s.get('generate_s'))} | {fmt(s.get('step_s'))} | {fmt(s.get('tokens_per_s_per_die'))} "
             f"| {fmt(s.get('tokens_per_s_per_card'))} | {fmt(s.get('peak_hbm_reserved_gib'))} "
             f"| {fmt(s.get('peak_hbm_allocated_gib'))} |"
@@ -261,7 +265,8 @@ def markdown(rep: dict) -> str:
     if failed:
         out += ["", "Why runs failed (the launcher's last error line):", ""]
         out += [f"- {r['name']}: `{r['reason']}`" for r in failed]
-    out += ["", "Means over the steps after the first (step 1 warms up); generate = verl's `timing_s/gen`; "
+    out += ["", "wall s: the whole launcher run, start-up included. Means over the steps after the first "
+            "(step 1 warms up); generate = verl's `timing_s/gen`; "
             "tokens/s per die = verl's `perf/throughput`; a card is 2 dies (Atlas A3); HBM from "
             "`actor/perf/max_memory_*_gb`."]  # fmt: skip
     out += ["", "## A/B: each feature off (A) and on (B)", "",

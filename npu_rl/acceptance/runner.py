@@ -50,6 +50,7 @@ class RunResult:
     interrupted: int | None = None  # the signal that stopped the suite during this run
 
     def save(self, folder: Path) -> None:
+        """Write ``folder/result.json``."""
         (folder / "result.json").write_text(json.dumps(self.__dict__, indent=2) + "\n")
 
 
