@@ -4,9 +4,19 @@ The package is device-agnostic: everything here imports and is tested on CPU. NP
 lives in the thin patches under ``patches/`` and calls into this package.
 """
 
+import os
 from pathlib import Path
 
 __version__ = "0.1.0"
 
 #: Root of the npu-rl-recipes checkout (holds sources.lock, patches/, recipes/).
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def cache_dir() -> Path:
+    """``$NPU_RL_CACHE``, else ``$XDG_CACHE_HOME/npu-rl-recipes``, else ``~/.cache/npu-rl-recipes``: the
+    archive cache of ``download_sources.sh`` and the preflight's reused verdicts (``preflight/``)."""
+    if os.environ.get("NPU_RL_CACHE"):
+        return Path(os.environ["NPU_RL_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "npu-rl-recipes"

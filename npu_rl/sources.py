@@ -23,7 +23,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from npu_rl import REPO_ROOT, signals, srclock
+from npu_rl import REPO_ROOT, cache_dir, signals, srclock
 from npu_rl.errors import (
     DigestError,
     IOFailure,
@@ -42,14 +42,6 @@ GIT_TIMEOUT_S = float(os.environ.get("NPU_RL_GIT_TIMEOUT", "120"))
 
 
 # --- configuration ------------------------------------------------------------------------------
-def cache_dir() -> Path:
-    """``$NPU_RL_CACHE``, else ``$XDG_CACHE_HOME/npu-rl-recipes``, else ``~/.cache/npu-rl-recipes``."""
-    if os.environ.get("NPU_RL_CACHE"):
-        return Path(os.environ["NPU_RL_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "npu-rl-recipes"
-
-
 def pip_setting(key: str) -> str | None:
     """The effective value of a pip option (``index-url``, ``cert``) as pip itself resolves it:
     ``PIP_<KEY>`` environment variable, then the ``download``/``install``/``global`` sections of

@@ -1,6 +1,7 @@
 """Measure the set-up steps the README quotes, as a user runs them, in one run, on this machine.
 
     python tools/measure_setup.py [--repeat N]
+    python tools/measure_setup.py --preflight [--repeat N] [RECIPE ENV_SCRIPT]
 
 Each step is the real entry point (``bash download_sources.sh ...``, ``bash apply_all_patches.sh
 ...``), Python start-up, the sources lock and the tree hashing included, into a fresh temporary
@@ -8,6 +9,10 @@ sources folder per repetition: download + unpack of every index-backed upstream 
 cache (no network: the script refuses a cold cache), ``--check``, apply, a second (no-op) apply,
 ``--status`` and ``--revert``. Prints a Markdown table (median, min, max seconds) for the README's
 "Measured" section.
+
+``--preflight`` times ``ray_start_npu.sh --dry-run`` of a recipe (default: the 32B GRPO recipe on two
+nodes) with the libraries' checks run (``NPU_RL_PREFLIGHT_CACHE=0``) and with their verdict reused (a
+cache folder of its own, filled by one run first), interleaved, and prints both and their ratio.
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ from npu_rl.lock import load_lock  # noqa: E402
 from npu_rl.sources import cache_dir, sha256_of  # noqa: E402
 
 
-def _timed(args: list[str]) -> float:
-    env = {**os.environ, "NPU_RL_PYTHON": os.environ.get("NPU_RL_PYTHON", sys.executable)}
+def _timed(args: list[str], **extra: str) -> float:
+    env = {**os.environ, "NPU_RL_PYTHON": os.environ.get("NPU_RL_PYTHON", sys.executable), **extra}
     t = time.perf_counter()
     done = subprocess.run(["bash", *args], cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - t
@@ -41,7 +46,13 @@ def _timed(args: list[str]) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--preflight", action="store_true", help="time dry runs instead of the set-up steps")
+    parser.add_argument("scripts", nargs="*", metavar="RECIPE ENV_SCRIPT")
     args = parser.parse_args()
+    if args.preflight:
+        return _preflight(
+            args.repeat, args.scripts or ["recipes/qwen3-32b/grpo_32die.sh", "recipes/qwen3-32b/env_2node.sh"]
+        )
     lock = load_lock()
     ups = [u for u in lock.upstreams.values() if u.pypi]
     cache = cache_dir()
@@ -71,6 +82,24 @@ def main() -> int:
     print("| step | median s | min | max |\n|---|---|---|---|")
     for label, values in steps.items():
         print(f"| {label} | {statistics.median(values):.2f} | {min(values):.2f} | {max(values):.2f} |")
+    return 0
+
+
+def _preflight(repeat: int, scripts: list[str]) -> int:
+    """Dry runs with the libraries' checks run and with their verdict reused; a table and the ratio."""
+    cmd = ["ray_start_npu.sh", "--dry-run", *scripts]
+    runs: dict[str, list[float]] = {"checks run (`NPU_RL_PREFLIGHT_CACHE=0`)": [], "verdict reused": []}
+    with tempfile.TemporaryDirectory() as cache:
+        _timed(cmd, NPU_RL_CACHE=cache)  # fills the cache (and vLLM's model-class cache)
+        for _ in range(repeat):
+            for label, extra in zip(runs, ({"NPU_RL_PREFLIGHT_CACHE": "0"}, {}), strict=True):
+                runs[label].append(_timed(cmd, NPU_RL_CACHE=cache, **extra))
+    print(f"`bash {' '.join(cmd)}`; repetitions: {repeat}; {os.cpu_count()} CPUs\n")
+    print("| dry run | median s | min | max |\n|---|---|---|---|")
+    for label, values in runs.items():
+        print(f"| {label} | {statistics.median(values):.2f} | {min(values):.2f} | {max(values):.2f} |")
+    cold, warm = (statistics.median(v) for v in runs.values())
+    print(f"\nreused / run: {warm / cold:.2f} of the time (median)")
     return 0
 
 

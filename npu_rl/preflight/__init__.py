@@ -21,6 +21,7 @@ from pathlib import Path
 
 from npu_rl.features import env_flag, feature_state
 from npu_rl.preflight import checks
+from npu_rl.preflight import memo as memo_mod
 from npu_rl.preflight.compose import Cli, check_overrides, compose_config, split_cli
 from npu_rl.preflight.libraries import check_hand_rules, check_libraries
 from npu_rl.preflight.model import (
@@ -103,7 +104,10 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     checks.check_batches(cfg, lay, report)
     checks.check_ignored_batch_keys(cfg, report)
     checks.check_reward_and_dapo(cfg, report)
-    _verl_validate(cfg, report, cli.injected)
+    memo = _open_memo(cfg, cli.injected, env, config_json, report)
+    with memo.stage("verl validate_config", report) as run:
+        if run:
+            _verl_validate(cfg, report, cli.injected)
     node_env = json.loads(env["NPU_RL_NODE_FEATURE_ENV"]) if env.get("NPU_RL_NODE_FEATURE_ENV") else None
     feats = feature_state(env, lambda k: sel(cfg, k), node_env)
     check_sampler(cfg, env, report)
@@ -116,12 +120,16 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     checks.check_rollout_hygiene(env, report)
     check_spec_decode(cfg, env, report)
     check_rollout_rebalance(cfg, env, report)
-    check_libraries(cfg, env, report, model_path, config_json, cli.injected)
+    with memo.stage("libraries", report) as run:
+        if run:
+            check_libraries(cfg, env, report, model_path, config_json, cli.injected)
+    memo.save()
     check_hand_rules(cfg, env, report)
     plan = [
         ("config", f"{cli.config_name} ({cli.config_dir})"),
         ("cluster", f"{sel(cfg, 'trainer.nnodes')} node(s) x {sel(cfg, 'trainer.n_gpus_per_node')} dies = {world}"),
         ("trainer", f"{'V1' if sel(cfg, 'trainer.use_v1', True) else 'legacy'}, {sel(cfg, 'algorithm.adv_estimator')}"),
+        ("library checks", memo.status),
     ]
     if model is None:
         return plan
@@ -286,6 +294,15 @@ def _model_facts(
     except (OSError, ValueError, KeyError) as e:
         report.error(key, f"cannot read model facts from {path}: {e!r}", "point NPU_RL_MODEL_META at a config.json")
         return None, None
+
+
+def _open_memo(cfg, injected, env: Mapping[str, str], config_json, report: Report) -> memo_mod.Memo:
+    """The reuse of the library stages' verdicts (:mod:`npu_rl.preflight.memo`); a bad switch is an error."""
+    try:
+        return memo_mod.open_memo(cfg, injected, env, config_json)
+    except ValueError as e:
+        report.error(memo_mod.SWITCH, str(e), f"unset {memo_mod.SWITCH} or write 0 or 1")
+        return memo_mod.open_memo(cfg, injected, {**env, memo_mod.SWITCH: "0"}, config_json)
 
 
 def _verl_validate(cfg, report: Report, injected: list[str]) -> None:

@@ -277,7 +277,7 @@ def check_overrides(cli: Cli, report: Report) -> list[str]:
 
 def _checked_elsewhere(key: str) -> bool:
     """Keys added with '+' that a feature's own preflight rule checks (npu_rl/preflight/sampler.py)."""
-    from npu_rl.sampler import SAMPLER_KEYS
+    from npu_rl.sampler.keys import SAMPLER_KEYS
 
     return key in {f"data.sampler.{k}" for k in SAMPLER_KEYS}
 
@@ -405,14 +405,26 @@ def _dataclass_reading(tree: dict, parts: list[str]) -> str | None:
 
     The nearest section above the key with a ``_target_`` dataclass is the start; the components below
     it must be fields of that dataclass and of the dataclass types of its fields, the last one a field.
+    The answer depends only on those ``_target_`` names and the code they import (torch included:
+    seconds), so it is kept between runs (:func:`npu_rl.preflight.memo.remember`).
     """
-    import dataclasses
+    from npu_rl.preflight.memo import remember
 
+    targets = []
     for i in range(len(parts) - 1, 0, -1):
         depth, node = _walk(tree, parts[:i])
-        if depth != i:
-            continue
-        cls = _dataclass_of(node)
+        if depth == i and isinstance(node, dict) and isinstance(node.get("_target_"), str):
+            targets.append((i, node["_target_"]))
+    if not targets:
+        return None
+    return remember("dataclass_reading", [parts, targets], lambda: _dataclass_reading_now(parts, targets))
+
+
+def _dataclass_reading_now(parts: list[str], targets: list[tuple[int, str]]) -> str | None:
+    import dataclasses
+
+    for i, target in targets:
+        cls = _dataclass_of({"_target_": target})
         if cls is None:
             continue
         for p in parts[i:-1]:

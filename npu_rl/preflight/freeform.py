@@ -103,7 +103,17 @@ def _check_sam_key(key: str, value: object) -> tuple[str, str, list[str]] | None
 
 @cache
 def megatron_transformer_fields() -> frozenset[str] | None:
-    """Field names of megatron-core's ``TransformerConfig`` (with its ``ModelParallelConfig`` base)."""
+    """Field names of megatron-core's ``TransformerConfig`` (with its ``ModelParallelConfig`` base).
+
+    Importing it imports torch (seconds): the list is kept between runs while megatron-core and what the
+    import read are unchanged (:func:`npu_rl.preflight.memo.remember`)."""
+    from npu_rl.preflight.memo import remember
+
+    names = remember("megatron_transformer_fields", None, _megatron_transformer_fields)
+    return None if names is None else frozenset(names)
+
+
+def _megatron_transformer_fields() -> list[str] | None:
     import warnings
 
     try:
@@ -112,7 +122,7 @@ def megatron_transformer_fields() -> frozenset[str] | None:
             from megatron.core.transformer.transformer_config import TransformerConfig
     except Exception:  # noqa: BLE001 - any import failure means "cannot check", reported by the caller
         return None
-    return frozenset(f.name for f in dataclasses.fields(TransformerConfig) if not f.name.startswith("_"))
+    return sorted(f.name for f in dataclasses.fields(TransformerConfig) if not f.name.startswith("_"))
 
 
 def check_freeform(section: str, rest: list[str], value: object) -> tuple[str, str, list[str]] | None:

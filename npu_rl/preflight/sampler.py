@@ -18,8 +18,8 @@ SAMPLER = "data.sampler"
 
 def check_sampler(cfg, env: Mapping[str, str], report: Report) -> None:
     """Add the resampler's and the guard's findings to ``report``."""
-    from npu_rl.sampler import CLASS_NAME, CLASS_PATH, REFERENCE_CLASS_PATH, SAMPLER_KEYS
     from npu_rl.sampler.guard import GuardParams
+    from npu_rl.sampler.keys import CLASS_NAME, CLASS_PATH, REFERENCE_CLASS_PATH, SAMPLER_KEYS
 
     try:
         guard = GuardParams.from_env(env)
