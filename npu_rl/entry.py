@@ -24,6 +24,8 @@ def main() -> int:
     except KeyboardInterrupt as exc:  # before the module's own handling took over
         print(f"interrupted ({exc or 'SIGINT'}) while starting {module}: nothing was touched", file=sys.stderr)
         return signals.exit_code(exc)
+    finally:
+        signals.ignore_at_exit()  # the module's verdict stands: no late signal turns it into a kill
     return 0
 
 

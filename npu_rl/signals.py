@@ -12,6 +12,11 @@ All three mean the same here: stop, put back what was changed, exit ``128 + sign
   calls :func:`check` at points where stopping is safe (between two patches, two trees), which
   raises :class:`Interrupted` there. A rollback runs inside the same section and never calls
   :func:`check`: no signal can cut it short.
+- :func:`settle` (the command's work is complete): a later signal prints one line and changes nothing;
+  :func:`ignore_at_exit` (the entry point, on its way out) sets ``SIG_IGN``, which survives the
+  interpreter's shutdown: that shutdown resets Python's handlers to the default, and a Ctrl-C pressed
+  several times would otherwise kill the finished process by signal (exit -15 for a job whose trees
+  are complete).
 - git children run in a session of their own (:func:`npu_rl.gittree.git`), so a terminal's Ctrl-C,
   sent to the whole foreground process group, reaches only us, never a half-written ``git apply``.
 """
@@ -41,6 +46,7 @@ class _State:
         self.received: list[int] = []
         self.depth = 0  # deferred sections entered
         self.doing = "stopping"
+        self.settled = False  # the command's work is complete
 
 
 _STATE = _State()
@@ -55,6 +61,9 @@ def _say(text: str) -> None:
 def _handler(signum: int, _frame) -> None:
     name = signal.Signals(signum).name
     _STATE.received.append(signum)
+    if _STATE.settled:
+        _say(f"{name} ignored: the command has finished its work")
+        return
     if len(_STATE.received) > 1:
         _say(f"{name} ignored: {_STATE.doing}; it ends by itself")
         return
@@ -69,6 +78,18 @@ def install() -> None:
     """Handle SIGINT, SIGTERM and SIGHUP as described above (idempotent; main thread only)."""
     for sig in HANDLED:
         signal.signal(sig, _handler)
+
+
+def settle() -> None:
+    """The command's work is complete: from now on a signal prints one line and is otherwise ignored
+    (raising now would report an interrupted command whose work is done)."""
+    _STATE.settled = True
+
+
+def ignore_at_exit() -> None:
+    """``SIG_IGN`` for the handled signals, as the process leaves (see the module docstring)."""
+    for sig in HANDLED:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def interrupted() -> int | None:
@@ -102,3 +123,4 @@ def exit_code(exc: BaseException) -> int:
 def _reset_for_tests() -> None:
     _STATE.received.clear()
     _STATE.depth = 0
+    _STATE.settled = False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -212,4 +213,9 @@ def _run(args, maintainer: bool, sources: Path, patches_dir: Path | None) -> int
         engine.check(lock, sources, patches_dir, args.only)
     else:
         engine.apply(lock, sources, patches_dir, args.only)
+        signals.settle()
+        if signals.interrupted():  # it came after apply's last check: the series is complete and kept
+            name = signal.Signals(signals.interrupted()).name
+            print(f"{name} came as the series finished: every tree is fully applied, nothing was put back",
+                  file=sys.stderr)  # fmt: skip
     return 0

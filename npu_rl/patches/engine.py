@@ -228,6 +228,7 @@ def apply(
                         + _file_list(diff)
                     )
                 log(f"{p.upstream.name:14} applied {p.n} patch(es) (series {p.series.digest})")
+            signals.check()  # a signal during the last tree's last step: put every tree back, as it said
         except BaseException as exc:
             why = _why(exc)
             failed = _rollback(touched, log, why)
