@@ -23,7 +23,7 @@ from typing import Any, cast
 import pytest
 
 for _mod in ("pybase64", "uvloop", "cpuinfo"):  # vLLM's V1 input batch imports them
-    pytest.importorskip(_mod, reason="constraints/cpu.txt lists it: install_stack.sh --cpu")
+    pytest.importorskip(_mod, reason=f"{_mod} is not installed: constraints/cpu.txt lists it: install_stack.sh --cpu")
 
 import torch  # noqa: E402
 import vllm  # noqa: E402
