@@ -1,10 +1,12 @@
 """Response-length predictions for rollout dispatch.
 
 The dispatcher orders requests by *predicted work*. Predictions come from a :class:`LengthPredictor`:
-the resampler's per-prompt EMA table when it is available, otherwise :class:`EMALengthPredictor`,
-which learns the same kind of table from the responses it sees (keyed by a hash of the prompt token
-ids, so it survives epochs and needs no dataset index). Prompts never seen fall back to the global
-mean response length; the work formula then ranks them by prompt length.
+:class:`EMALengthPredictor` (``ROLLOUT_REBALANCE_PREDICT=1``, the default) learns a per-prompt EMA of
+the response lengths the balancer sees, keyed by a hash of the prompt token ids (so it survives epochs
+and needs no dataset index); :class:`NoPredictor` otherwise. It does not read the resampler's table:
+that one lives in the trainer driver, keyed by dataset index, while the balancer is a Ray actor of its
+own that sees only prompt token ids; both learn from the same responses. Prompts never seen fall back
+to the global mean response length; the work formula then ranks them by prompt length.
 """
 
 from __future__ import annotations
