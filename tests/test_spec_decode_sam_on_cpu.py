@@ -22,8 +22,6 @@ from npu_rl.spec_decode.sam import (  # noqa: E402
     SOURCE_GROUP,
     SOURCE_OWN,
     SuffixAutomaton,
-    longest_match_in_bruteforce,
-    longest_suffix_match_bruteforce,
     new_ctl,
 )
 
@@ -34,6 +32,34 @@ chunked = st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=5), min_size
 # on 2, then its clone copies it); the capacity check counted 128 = capacity, so the extension wrote
 # one edge past the edge arrays and the automaton lost the match of the final 1
 OVERFLOW_PROMPT = [1, *[0] * 29, 1, *[0] * 8, 1, 0, 0, 0, 1, 0, 0, 0, 0, 1]
+
+
+def longest_suffix_match_bruteforce(text) -> tuple[int, list[int]]:
+    """Oracle: (L, end positions) of the longest suffix of ``text`` that also ends earlier.
+
+    O(n^2) per call. End positions are every i < n-1 where text[i-L+1 : i+1] equals the suffix.
+    """
+    t = list(text)
+    n = len(t)
+    for L in range(n - 1, 0, -1):
+        suf = t[n - L :]
+        ends = [i for i in range(L - 1, n - 1) if t[i - L + 1 : i + 1] == suf]
+        if ends:
+            return L, ends
+    return 0, []
+
+
+def longest_match_in_bruteforce(text, corpus) -> int:
+    """Oracle: length of the longest suffix of ``text`` that occurs in ``corpus``.
+
+    O(min(len(text), len(corpus))^2 * len(corpus)) per call: no match is longer than the corpus.
+    """
+    t, c = list(text), list(corpus)
+    for L in range(min(len(t), len(c)), 0, -1):
+        suf = t[len(t) - L :]
+        if any(c[i : i + L] == suf for i in range(len(c) - L + 1)):
+            return L
+    return 0
 
 
 def assert_within_arena(sam: SuffixAutomaton) -> None:

@@ -44,8 +44,6 @@ __all__ = [
     "RECENT_WALK",
     "RESYNC_TOKENS",
     "SuffixAutomaton",
-    "longest_match_in_bruteforce",
-    "longest_suffix_match_bruteforce",
     "new_ctl",
 ]
 
@@ -519,31 +517,3 @@ def _pow2(n: int) -> int:
 
 
 _EMPTY = SuffixAutomaton(capacity=_MIN_CAP)
-
-
-def longest_suffix_match_bruteforce(text) -> tuple[int, list[int]]:
-    """Oracle for tests: (L, end positions) of the longest suffix of ``text`` that also ends earlier.
-
-    O(n^2) per call. End positions are every i < n-1 where text[i-L+1 : i+1] equals the suffix.
-    """
-    t = list(text)
-    n = len(t)
-    for L in range(n - 1, 0, -1):
-        suf = t[n - L :]
-        ends = [i for i in range(L - 1, n - 1) if t[i - L + 1 : i + 1] == suf]
-        if ends:
-            return L, ends
-    return 0, []
-
-
-def longest_match_in_bruteforce(text, corpus) -> int:
-    """Oracle for tests: length of the longest suffix of ``text`` that occurs in ``corpus``.
-
-    O(min(len(text), len(corpus))^2 * len(corpus)) per call: no match is longer than the corpus.
-    """
-    t, c = list(text), list(corpus)
-    for L in range(min(len(t), len(c)), 0, -1):
-        suf = t[len(t) - L :]
-        if any(c[i : i + L] == suf for i in range(len(c) - L + 1)):
-            return L
-    return 0
