@@ -1,4 +1,4 @@
-"""Data preparation on real samples: verl 0.9.0's RLHFDataset loads the output with the real Qwen3
+"""Data preparation on real samples: verl 0.9.1's RLHFDataset loads the output with the real Qwen3
 tokenizer, indices are unique, and each dataset's prompt style is graded by the reward function its
 data_source selects in verl (a correct answer in the asked format scores, a wrong one does not)."""
 

@@ -1,11 +1,10 @@
 """Engine-step GC guard (``NPU_RL_ENGINE_GC``): no automatic collection inside a step, bounded memory,
 and the patched vLLM engine-core step really runs inside it.
 
-``vllm.v1.engine.core`` cannot be imported in the lean CPU environment (its import chain needs
-xgrammar/tvm-ffi, pybase64, uvloop...), so the last tests compile the patched method
-``EngineCoreProc._process_engine_step`` from the patched source file itself and run it against a
-stand-in engine object; they also pin the call graph the hook relies on (both busy loops step through
-that method and no subclass overrides it).
+An ``EngineCoreProc`` needs a running engine (model, executor, ZMQ sockets), so the last tests
+compile the patched method ``EngineCoreProc._process_engine_step`` from the patched source file
+itself and run it against a stand-in engine object; they also pin the call graph the hook relies on
+(both busy loops step through that method and no subclass overrides it).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""Rollout rebalance glue against the REAL patched verl 0.9.0 (imported on CPU, no Ray started).
+"""Rollout rebalance glue against the REAL patched verl 0.9.1 (imported on CPU, no Ray started).
 
 The patched ``LLMServerManager`` wires our balancer, its actor options and our client in when
 ``ROLLOUT_REBALANCE_ENABLE=1`` and is exactly upstream when off; our balancer and client run verl's
 own ``LLMServerClient.generate`` against fake server handles (asyncio), including DP-rank routing and
-a replica that dies. ``vLLMHttpServer`` cannot be imported here (vLLM's multimodal stack needs
-``pybase64``), so its passthrough is checked on the source, like verl's own contract tests do.
+a replica that dies. ``vLLMHttpServer.generate`` needs a running vLLM engine, so its passthrough is
+checked on the source, like verl's own contract tests do.
 """
 
 from __future__ import annotations

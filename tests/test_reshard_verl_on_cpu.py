@@ -1,4 +1,4 @@
-"""verl patch 0003 (expert reshard) and mbridge patch 0001 (export skip) against the real, patched code.
+"""verl patch 0005 (expert reshard) and mbridge patch 0001 (export skip) against the real, patched code.
 
 What runs for real: verl's ``MegatronEngine.get_per_tensor_param`` (the patched export),
 ``ActorRolloutRefWorker.update_weights`` (the patched naive branch), mbridge 0.15.1's

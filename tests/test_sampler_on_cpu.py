@@ -81,7 +81,7 @@ def gsm8k_parquet(tmp_path_factory):
 
 
 def _verl_config(*overrides: str):
-    """verl 0.9.0's (patched) composed trainer config with ``overrides``."""
+    """verl 0.9.1's (patched) composed trainer config with ``overrides``."""
     from hydra import compose, initialize_config_dir
     from verl.trainer import config as verl_config
 

@@ -1,10 +1,12 @@
-"""verl patch 0001 (backport of verl #7487) against the installed, patched verl.
+"""verl #7487 (HCCL bucket broadcast on the caller's thread) in the installed verl 0.9.1.
 
-HCCL communicators are bound to the thread that created them; verl 0.9.0 ran each bucket
-broadcast in a thread-pool executor. With the patch, BroadcastOperation broadcasts on the
-caller's thread before its constructor returns. torch_npu does not import on CPU: only
-``torch.npu``'s existence is stubbed (what verl checks before loading the HCCL engine); the
-process group is a recorder and the metadata travels over real zeromq sockets.
+Our verl patch 0001 backported it to verl 0.9.0; verl 0.9.1 contains it, so the bump dropped that
+patch (docs/maintaining.md) and this test now guards upstream's behaviour. HCCL communicators are
+bound to the thread that created them; verl 0.9.0 ran each bucket broadcast in a thread-pool
+executor. Since #7487, BroadcastOperation broadcasts on the caller's thread before its constructor
+returns. torch_npu does not import on CPU: only ``torch.npu``'s existence is stubbed (what verl
+checks before loading the HCCL engine); the process group is a recorder and the metadata travels
+over real zeromq sockets.
 """
 
 import asyncio
