@@ -5,7 +5,9 @@ an EMA of its group's mean response length and orders each epoch so that prompts
 predicted length share a generation batch (:func:`npu_rl.sampler.core.epoch_order`). verl 0.9 removed
 the sampler plug-in (PR #6302); the verl patch ``*-verl-feature-length-aware-sampler`` restores
 ``data.sampler.class_path/class_name`` in ``create_rl_sampler`` and calls :func:`update_from_v1_batch`
-/ :func:`update_from_dataproto` once per step. Docs: ``docs/resampler.md``.
+/ :func:`update_from_dataproto` once per step, before the step's checkpoint (verl saves ``data.pt`` inside
+the step), and :func:`restore_at_epoch_boundary` where the legacy trainer resumes at an epoch boundary
+without restoring the dataloader. Docs: ``docs/resampler.md``.
 
 Read API for other features (the rollout rebalance dispatcher): :func:`active_sampler` returns the
 sampler the trainer built in this process (or None); its :meth:`LengthAwareEpochSampler.predict`
@@ -24,6 +26,7 @@ _LAZY = (
     "build_custom_sampler",
     "epoch_line",
     "parse_epoch_lines",
+    "restore_at_epoch_boundary",
     "update_from_dataproto",
     "update_from_v1_batch",
 )

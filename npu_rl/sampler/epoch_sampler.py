@@ -20,6 +20,7 @@ __all__ = [
     "SAMPLER_KEYS",
     "active_sampler",
     "build_custom_sampler",
+    "restore_at_epoch_boundary",
     "update_from_dataproto",
     "update_from_v1_batch",
 ]
@@ -150,8 +151,12 @@ class LengthAwareEpochSampler(torch.utils.data.Sampler[int]):
             "table": self.table.state_dict(),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, epoch_done: bool = False) -> None:
         """Restore :meth:`state_dict`; the next iterator continues after the yielded indices.
+
+        ``epoch_done``: the saved epoch is over (verl's legacy trainer resumes at an epoch boundary
+        without restoring the dataloader, :func:`restore_at_epoch_boundary`): the next iterator starts
+        the next epoch instead, ordered from the restored table.
 
         Raises ValueError when the saved table does not match the dataset size.
         """
@@ -162,7 +167,7 @@ class LengthAwareEpochSampler(torch.utils.data.Sampler[int]):
         self.epoch = int(state["epoch"])
         self._order = None if state["order"] is None else np.asarray(state["order"], dtype=np.int64)
         self._yielded = int(state["yielded"])
-        self._in_progress = bool(state["in_progress"])
+        self._in_progress = bool(state["in_progress"]) and not epoch_done
         self._resume = self._in_progress and self._order is not None
 
     # ---- learning -----------------------------------------------------------------------------
@@ -265,6 +270,35 @@ def build_custom_sampler(data_config, dataset):
     return cls(data_source=dataset, data_config=data_config)
 
 
+def restore_at_epoch_boundary(sampler, dataloader_state_path) -> bool:
+    """Legacy trainer hook (``RayPPOTrainer._load_checkpoint``, resuming at an epoch boundary).
+
+    There verl does not restore ``data.pt``: the saved iterator has yielded the whole epoch, and
+    restoring it would make the resumed epoch empty. The dataloader then starts afresh, and so would
+    the sampler: epoch 0's random order from an empty table. This loads ``data.pt`` (what
+    ``StatefulDataLoader.state_dict()`` saved) and restores our sampler's own state from it, with the
+    saved epoch closed, so the next epoch is ordered from the learned table with the right epoch
+    number, as in the uninterrupted run. Samplers other than ours are left alone (verl's behaviour);
+    a ``data.pt`` without our state (the sampler was off in the saved run) logs a warning and
+    starts afresh. Returns True when the state was restored.
+    """
+    if not isinstance(sampler, LengthAwareEpochSampler):
+        return False
+    state = torch.load(dataloader_state_path, weights_only=False)
+    # StatefulDataLoader (num_workers=0) -> its batch-sampler iterator -> our sampler's state_dict()
+    iter_state = state.get("_sampler_iter_state") if isinstance(state, Mapping) else None
+    ours = iter_state.get("sampler_state") if isinstance(iter_state, Mapping) else None
+    if not isinstance(ours, Mapping) or "table" not in ours:
+        logger.warning(
+            "length-aware sampler: %s holds no sampler state (the saved run had no length-aware sampler?): "
+            "the next epoch starts from an empty length table",
+            dataloader_state_path,
+        )
+        return False
+    sampler.load_state_dict(dict(ours), epoch_done=True)
+    return True
+
+
 def _warn_missing_index() -> None:
     if not getattr(_warn_missing_index, "done", False):
         logger.warning(
@@ -276,7 +310,8 @@ def _warn_missing_index() -> None:
 
 
 def update_from_v1_batch(sampler, batch, tq=None) -> dict[str, float]:
-    """V1 trainer hook (``PPOTrainer.fit``, before ``tq.kv_clear``): feed the step to ``sampler.update``.
+    """V1 trainer hook (``PPOTrainer.fit``, right after ``step()``, before the step's checkpoint): feed
+    the step to ``sampler.update``.
 
     ``batch``: verl's ``KVBatchMeta`` of the step (keys, partition_id, tags with ``response_len``);
     padding trajectories are skipped; the dataset positions are read from TransferQueue
@@ -302,7 +337,8 @@ def update_from_v1_batch(sampler, batch, tq=None) -> dict[str, float]:
 
 
 def update_from_dataproto(sampler, batch) -> dict[str, float]:
-    """Legacy trainer hook (``RayPPOTrainer.fit``): feed a DataProto step to ``sampler.update``.
+    """Legacy trainer hook (``RayPPOTrainer.fit``, once ``response_mask`` is set, before the step's
+    checkpoint): feed a DataProto step to ``sampler.update``.
 
     Reads ``non_tensor_batch['dataset_index']`` and the response lengths from
     ``batch.batch['response_mask']`` (shape (T, response_length)).
