@@ -10,7 +10,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,16 +21,11 @@ import pytest
 
 from npu_rl import REPO_ROOT
 from npu_rl.launch.cluster import port_open
+from tests.procs import free_port
 
 pytest.importorskip("ray")
 
 RECIPE = REPO_ROOT / "tests" / "recipes" / "exit_code.sh"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ours(marker: str) -> list[psutil.Process]:
@@ -52,7 +46,7 @@ def job(tmp_path):
     env = {
         **os.environ,
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(free_port()),
         "NPUS_PER_NODE": "4",
         "RAY_AUTH_MODE": "disabled",
         "LOG_DIR": str(tmp_path / "logs"),

@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import pytest
 from npu_rl import REPO_ROOT
 from npu_rl.errors import TopologyError
 from npu_rl.launch.topology import Probe, resolve_topology
+from tests.procs import free_port
 
 pytest.importorskip("ray")
 
@@ -48,16 +48,10 @@ def env(tmp_path):
         NPU_RL_TRAIN_PYTHON=sys.executable,
         LOG_DIR=str(tmp_path / "logs"),
         RAY_AUTH_MODE="disabled",
-        MASTER_PORT=str(_free_port()),
+        MASTER_PORT=str(free_port()),
         ASCEND_SET_ENV_FILES="/nonexistent/set_env.sh",
     )
     return e
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _launch(env, *args, timeout=300):
@@ -375,7 +369,7 @@ def test_an_old_style_copy_outside_the_repository_says_why_it_fails(env, tmp_pat
 @pytest.fixture
 def port_holder(tmp_path):
     """Another program listening on a port of 127.0.0.1: (port, its process, a word of its command line)."""
-    port = _free_port()
+    port = free_port()
     marker = f"port-holder-{uuid.uuid4().hex[:8]}"
     holder = _script(
         tmp_path / "holder.py",

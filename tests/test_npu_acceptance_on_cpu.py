@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from npu_rl import REPO_ROOT
 from npu_rl.acceptance import facts, report
 from npu_rl.acceptance.plan import build_plan
 from npu_rl.errors import NpuRlError
+from tests.procs import free_port
 
 FIXTURE = REPO_ROOT / "tests" / "data" / "acceptance" / "out"
 LEAKY = REPO_ROOT / "tests" / "data" / "acceptance" / "leaky_recipe.sh"
@@ -325,12 +325,6 @@ def test_cann_is_read_from_the_toolkit_and_a_wrong_one_refused(tmp_path):
 # -- no process left behind -----------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _started_by(log_dir: Path, ray_tmp: str) -> list[psutil.Process]:
     """Live processes of this test's runs: their environment names its LOG_DIR, or Ray's temp dir."""
     found = []
@@ -354,7 +348,7 @@ def leaky(tmp_path):
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     env = {
         **os.environ,
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "NPUS_PER_NODE": "4", "RAY_AUTH_MODE": "disabled",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NPUS_PER_NODE": "4", "RAY_AUTH_MODE": "disabled",
         "NPU_RL_TRAIN_PYTHON": sys.executable, "NPU_RL_WORKER_POLL": "1", "NPU_RL_ALLOW_NO_NPU": "1",
         "RAY_START_ARGS": f"--temp-dir={ray_tmp} --num-cpus=1 --include-dashboard=false",
     }  # fmt: skip

@@ -9,16 +9,12 @@ One spawn per world size runs all its layouts, to keep the file fast on 2 cores.
 
 from __future__ import annotations
 
-import socket
-import traceback
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from npu_rl.reshard.exchange import TrainGroups, allgather_experts, exchange_experts, hf_names
 from npu_rl.reshard.plan import MoeShape, RolloutLayout, TrainLayout, build_plan
+from tests.procs import run_gloo_ranks
 
 HIDDEN, FFN, LAYERS = 8, 12, 2
 
@@ -69,67 +65,36 @@ def megatron_shards(plan, rank: int) -> dict:
     return out
 
 
-def _worker(rank: int, world: int, port: int, queue) -> None:
+def _rank_exchange(rank: int, world: int):
+    report = []
+    for i, (train, roll, experts, bucket, overlap, *moe) in enumerate(LAYOUTS[world]):
+        shape = MoeShape(experts, LAYERS, HIDDEN, FFN)
+        plan = build_plan(train, roll, shape, bucket_bytes=bucket, moe_layers=moe[0] if moe else None)
+        local = megatron_shards(plan, rank)
+        got = dict(exchange_experts(plan, local, overlap=overlap))
+        mine = roll.experts(roll.ep_rank(rank), experts)
+        want = {n for la in plan.moe_layers for f in ("fc1", "fc2") for e in mine for n in hf_names(la, f, e)}
+        assert set(got) == want, f"layout {i}: names differ: {sorted(set(got) ^ want)[:4]}"
+        reference = {n: t for n, t in allgather_experts(plan, local, TrainGroups(plan)) if n in want}
+        assert set(reference) == want
+        for name, tensor in got.items():
+            layer, e, proj = int(name.split(".")[2]), int(name.split(".")[5]), name.split(".")[6]
+            assert tensor.dtype == torch.bfloat16
+            assert torch.equal(tensor, reference[name]), f"layout {i}: {name} differs from the all-gather path"
+            assert torch.equal(tensor, full_expert(layer, e)[proj]), f"layout {i}: {name} differs from the model"
+        report.append((i, len(plan.rounds), len(got)))
+    # a plan for another world size is refused before any collective
+    bad = build_plan(TrainLayout(world=2 * world, ep=2), RolloutLayout(tp=2), MoeShape(8, LAYERS, HIDDEN, FFN))
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-        report = []
-        for i, (train, roll, experts, bucket, overlap, *moe) in enumerate(LAYOUTS[world]):
-            shape = MoeShape(experts, LAYERS, HIDDEN, FFN)
-            plan = build_plan(train, roll, shape, bucket_bytes=bucket, moe_layers=moe[0] if moe else None)
-            local = megatron_shards(plan, rank)
-            got = dict(exchange_experts(plan, local, overlap=overlap))
-            mine = roll.experts(roll.ep_rank(rank), experts)
-            want = {n for la in plan.moe_layers for f in ("fc1", "fc2") for e in mine for n in hf_names(la, f, e)}
-            assert set(got) == want, f"layout {i}: names differ: {sorted(set(got) ^ want)[:4]}"
-            reference = {n: t for n, t in allgather_experts(plan, local, TrainGroups(plan)) if n in want}
-            assert set(reference) == want
-            for name, tensor in got.items():
-                layer, e, proj = int(name.split(".")[2]), int(name.split(".")[5]), name.split(".")[6]
-                assert tensor.dtype == torch.bfloat16
-                assert torch.equal(tensor, reference[name]), f"layout {i}: {name} differs from the all-gather path"
-                assert torch.equal(tensor, full_expert(layer, e)[proj]), f"layout {i}: {name} differs from the model"
-            report.append((i, len(plan.rounds), len(got)))
-        # a plan for another world size is refused before any collective
-        bad = build_plan(TrainLayout(world=2 * world, ep=2), RolloutLayout(tp=2), MoeShape(8, LAYERS, HIDDEN, FFN))
-        try:
-            next(exchange_experts(bad, megatron_shards(plan, rank)))
-            report.append("world mismatch accepted")
-        except ValueError as e:
-            assert "the plan is for" in str(e)
-        dist.barrier()
-        queue.put((rank, "ok", report))
-    except BaseException:  # noqa: BLE001 - every failure goes back to the test
-        queue.put((rank, "error", traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        next(exchange_experts(bad, megatron_shards(plan, rank)))
+        report.append("world mismatch accepted")
+    except ValueError as e:
+        assert "the plan is for" in str(e)
+    return report
 
 
 @pytest.mark.parametrize("world", [4, 8])
 def test_exchange_matches_allgather_on_gloo(world):
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = []
-    try:
-        for _ in range(world):
-            results.append(queue.get(timeout=240))
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    errors = [r[2] for r in results if r[1] != "ok"]
-    assert not errors, errors[0]
-    for _, _, report in results:
+    for report in run_gloo_ranks(_rank_exchange, world):
         assert [r[0] for r in report] == list(range(len(LAYOUTS[world])))
         assert report[0][1] == 0 or world == 8  # the first 4-rank layout is all local: no collective

@@ -17,20 +17,17 @@ read in the pinned tree (``vllm/model_executor/layers/fused_moe/layer.py``), not
 from __future__ import annotations
 
 import asyncio
-import socket
-import traceback
 import types
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
 from npu_rl.errors import NpuRlError
 from npu_rl.reshard import hook
 from npu_rl.reshard.exchange import hf_names
 from npu_rl.reshard.plan import RolloutLayout, is_expert_param
+from tests.procs import run_gloo_ranks
 
 pytest.importorskip("verl", reason="verl is not installed: run 'bash install_stack.sh --cpu' first")
 
@@ -101,97 +98,68 @@ def _engine(bridge, module):
     return engine
 
 
-def _worker(rank: int, world: int, port: int, queue) -> None:
+def _rank_export(rank: int, world: int):
+    import verl.workers.engine.megatron.transformer_impl as ti
+    from mbridge import AutoBridge
+    from megatron.core import parallel_state as mpu
+    from transformers import Qwen3MoeConfig
+
+    mpu.initialize_model_parallel(2, 2, expert_model_parallel_size=2, expert_tensor_parallel_size=1)
+    ti.load_megatron_model_to_gpu = lambda *a, **k: None  # device moves only
+    torch.cuda.current_device = lambda: "cpu"  # mbridge allocates PP-broadcast buffers there
+    cfg = Qwen3MoeConfig(
+        hidden_size=H, intermediate_size=16, moe_intermediate_size=F, num_experts=E, num_experts_per_tok=2,
+        num_hidden_layers=LAYERS, num_attention_heads=2, num_key_value_heads=1, head_dim=4, vocab_size=VOCAB,
+    )  # fmt: skip
+    bridge = AutoBridge.from_config(cfg)
+    module = [FakeGPT(mpu.get_pipeline_model_parallel_rank(), 2, mpu.get_expert_model_parallel_rank(), 2)]
+    engine = _engine(bridge, module)
+    out = {}
+
+    # switch off: the patched export is mbridge's generator, unchanged
+    off, _ = engine.get_per_tensor_param(layered_summon=False, base_sync_done=True, **hook.reshard_kwargs({}, {}))
+    assert off.gi_code is type(bridge).export_weights.__code__, "switch off must return mbridge's own generator"
+    pinned = [(n, t.clone()) for n, t in off]
+    direct = list(bridge.export_weights(module))
+    assert [n for n, _ in pinned] == [n for n, _ in direct]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(pinned, direct, strict=True))
+    out["pinned"] = len(pinned)
+
+    # switch on (env alias): non-experts from mbridge as before, experts only this rank's vLLM ones
+    kwargs = hook.reshard_kwargs(_rollout_cfg(False), {"ALL_TO_ALL_RESHARD": "1"})
+    assert kwargs[hook.KWARG]["rollout"] == RolloutLayout(tp=2, dp=2, ep=4)
+    on, _ = engine.get_per_tensor_param(layered_summon=False, base_sync_done=True, **kwargs)
+    got = [(n, t.clone()) for n, t in on]
+    ref = dict(pinned)
+    roll = RolloutLayout(tp=2, dp=2, ep=4)
+    mine = roll.experts(roll.ep_rank(rank), E)
+    want_experts = {n for layer in range(LAYERS) for f in ("fc1", "fc2") for e in mine for n in hf_names(layer, f, e)}
+    non_expert = [n for n in ref if ".mlp.experts." not in n]
+    assert [n for n, _ in got if ".mlp.experts." not in n] == non_expert
+    assert {n for n, _ in got if ".mlp.experts." in n} == want_experts
+    assert len(got) == len(non_expert) + len(want_experts)
+    for n, t in got:
+        assert torch.equal(t, ref[n]), f"{n} differs from mbridge's export"
+    out["resharded"] = len(got)
+    out["expert_names"] = sorted(want_experts)
+
+    # a rank order the planner does not know is refused, not silently mis-sent
+    real = mpu.get_expert_model_parallel_rank
+    mpu.get_expert_model_parallel_rank = lambda: 1 - real()
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-        import verl.workers.engine.megatron.transformer_impl as ti
-        from mbridge import AutoBridge
-        from megatron.core import parallel_state as mpu
-        from transformers import Qwen3MoeConfig
-
-        mpu.initialize_model_parallel(2, 2, expert_model_parallel_size=2, expert_tensor_parallel_size=1)
-        ti.load_megatron_model_to_gpu = lambda *a, **k: None  # device moves only
-        torch.cuda.current_device = lambda: "cpu"  # mbridge allocates PP-broadcast buffers there
-        cfg = Qwen3MoeConfig(
-            hidden_size=H, intermediate_size=16, moe_intermediate_size=F, num_experts=E, num_experts_per_tok=2,
-            num_hidden_layers=LAYERS, num_attention_heads=2, num_key_value_heads=1, head_dim=4, vocab_size=VOCAB,
-        )  # fmt: skip
-        bridge = AutoBridge.from_config(cfg)
-        module = [FakeGPT(mpu.get_pipeline_model_parallel_rank(), 2, mpu.get_expert_model_parallel_rank(), 2)]
-        engine = _engine(bridge, module)
-        out = {}
-
-        # switch off: the patched export is mbridge's generator, unchanged
-        off, _ = engine.get_per_tensor_param(layered_summon=False, base_sync_done=True, **hook.reshard_kwargs({}, {}))
-        assert off.gi_code is type(bridge).export_weights.__code__, "switch off must return mbridge's own generator"
-        pinned = [(n, t.clone()) for n, t in off]
-        direct = list(bridge.export_weights(module))
-        assert [n for n, _ in pinned] == [n for n, _ in direct]
-        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(pinned, direct, strict=True))
-        out["pinned"] = len(pinned)
-
-        # switch on (env alias): non-experts from mbridge as before, experts only this rank's vLLM ones
-        kwargs = hook.reshard_kwargs(_rollout_cfg(False), {"ALL_TO_ALL_RESHARD": "1"})
-        assert kwargs[hook.KWARG]["rollout"] == RolloutLayout(tp=2, dp=2, ep=4)
-        on, _ = engine.get_per_tensor_param(layered_summon=False, base_sync_done=True, **kwargs)
-        got = [(n, t.clone()) for n, t in on]
-        ref = dict(pinned)
-        roll = RolloutLayout(tp=2, dp=2, ep=4)
-        mine = roll.experts(roll.ep_rank(rank), E)
-        want_experts = {
-            n for layer in range(LAYERS) for f in ("fc1", "fc2") for e in mine for n in hf_names(layer, f, e)
-        }
-        non_expert = [n for n in ref if ".mlp.experts." not in n]
-        assert [n for n, _ in got if ".mlp.experts." not in n] == non_expert
-        assert {n for n, _ in got if ".mlp.experts." in n} == want_experts
-        assert len(got) == len(non_expert) + len(want_experts)
-        for n, t in got:
-            assert torch.equal(t, ref[n]), f"{n} differs from mbridge's export"
-        out["resharded"] = len(got)
-        out["expert_names"] = sorted(want_experts)
-
-        # a rank order the planner does not know is refused, not silently mis-sent
-        real = mpu.get_expert_model_parallel_rank
-        mpu.get_expert_model_parallel_rank = lambda: 1 - real()
-        try:
-            hook.local_expert_shards(bridge, module, roll)
-            raise AssertionError("a mismatching rank order was accepted")
-        except NpuRlError as e:
-            assert "the reshard planner" in str(e)
-        finally:
-            mpu.get_expert_model_parallel_rank = real
-        dist.barrier()
-        queue.put((rank, "ok", out))
-    except BaseException:  # noqa: BLE001 - every failure goes back to the test
-        queue.put((rank, "error", traceback.format_exc()))
+        hook.local_expert_shards(bridge, module, roll)
+        raise AssertionError("a mismatching rank order was accepted")
+    except NpuRlError as e:
+        assert "the reshard planner" in str(e)
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        mpu.get_expert_model_parallel_rank = real
+    return out
 
 
 def test_patched_megatron_export_with_real_mbridge_on_gloo():
-    ctx = mp.get_context("spawn")
-    queue, port, world = ctx.Queue(), _free_port(), 4
-    procs = [ctx.Process(target=_worker, args=(r, world, port, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        results = [queue.get(timeout=240) for _ in range(world)]
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    errors = [r[2] for r in results if r[1] != "ok"]
-    assert not errors, errors[0]
-    _check_vllm_maps(sorted({n for _, _, out in results for n in out["expert_names"]}))
-    for _, _, out in results:
+    results = run_gloo_ranks(_rank_export, 4)
+    _check_vllm_maps(sorted({n for out in results for n in out["expert_names"]}))
+    for out in results:
         # every rank exported all 4 layers x 8 experts x 3 weights before, 4 x 2 x 3 now (8 experts / EP 4)
         assert out["pinned"] - out["resharded"] == LAYERS * (E - 2) * 3
 
