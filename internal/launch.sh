@@ -17,6 +17,9 @@ launch::defaults() {
     export HCCL_EXEC_TIMEOUT="${HCCL_EXEC_TIMEOUT:-3600}"
     export HCCL_HOST_SOCKET_PORT_RANGE="${HCCL_HOST_SOCKET_PORT_RANGE:-60000-60050}"
     export HCCL_NPU_SOCKET_PORT_RANGE="${HCCL_NPU_SOCKET_PORT_RANGE:-61000-61050}"
+    # HCCL expands collectives on the AI Vector cores: vllm-ascend's Qwen3 configs set it, and the
+    # reference recipe set it after all-gather timeouts in the weight sync (docs/fast_path.md).
+    export HCCL_OP_EXPANSION_MODE="${HCCL_OP_EXPANSION_MODE:-AIV}"
     # verl sets ASCEND_RT_VISIBLE_DEVICES per worker itself; Ray must not narrow it first.
     export RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES="${RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES:-1}"
     # torch_npu allocator and host-side dispatch settings used by verl's Ascend examples.

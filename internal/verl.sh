@@ -29,3 +29,56 @@ run_verl() {
         "$py" -P -m verl.trainer.main_ppo "$@"
     fi
 }
+
+# The rollout's fast path (docs/fast_path.md), as Hydra overrides in the array FAST_PATH:
+#   verl::fast_path TRAJECTORIES RANKS MAX_NUM_SEQS
+# TRAJECTORIES: responses one step generates (train_batch_size x n); RANKS: the rollout's vLLM DP
+# ranks over the whole job (dies / rollout TP); MAX_NUM_SEQS: rollout.max_num_seqs.
+# - graph mode ROLLOUT_GRAPH_MODE, default FULL_DECODE_ONLY, or FULL when SPEC_TOKENS > 0: vllm-ascend
+#   keeps npugraph_ex only in FULL and FULL_DECODE_ONLY (verl's default FULL_AND_PIECEWISE turns it off),
+#   and FULL_DECODE_ONLY replays only uniform decode batches, which a drafter with short drafts (SAM,
+#   n-gram) breaks;
+# - capture sizes up to the requests one rank decodes at once (min(MAX_NUM_SEQS, TRAJECTORIES / RANKS)
+#   x (1 + SPEC_TOKENS) tokens, at most 512): 14 graphs where vLLM's default list has 35.
+verl::fast_path() {
+    local trajectories="${1:-}" ranks="${2:-}" max_seqs="${3:-}" spec="${SPEC_TOKENS:-0}" mode seqs sizes
+    local n
+    for n in "$trajectories" "$ranks" "$max_seqs" "$spec"; do
+        if ! [[ "$n" =~ ^[0-9]+$ ]]; then
+            printf '[npu-rl] error: verl::fast_path TRAJECTORIES RANKS MAX_NUM_SEQS (and SPEC_TOKENS) take whole numbers, got %q %q %q (SPEC_TOKENS=%q)\n' "$trajectories" "$ranks" "$max_seqs" "$spec" >&2
+            return 2
+        fi
+    done
+    if ((ranks < 1 || max_seqs < 1)); then
+        printf '[npu-rl] error: verl::fast_path needs RANKS >= 1 and MAX_NUM_SEQS >= 1, got %s and %s\n' "$ranks" "$max_seqs" >&2
+        return 2
+    fi
+    mode="${ROLLOUT_GRAPH_MODE:-}"
+    if [[ -z "$mode" ]]; then
+        mode=FULL_DECODE_ONLY
+        ((spec == 0)) || mode=FULL
+    fi
+    seqs=$(((trajectories + ranks - 1) / ranks))
+    ((seqs <= max_seqs)) || seqs="$max_seqs"
+    ((seqs >= 1)) || seqs=1
+    sizes="$(verl::capture_sizes "$seqs" $((1 + spec)))"
+    FAST_PATH=(
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config.cudagraph_mode=$mode"
+        "actor_rollout_ref.rollout.cudagraph_capture_sizes=$sizes"
+    )
+}
+
+# A short ACL graph capture list for one vLLM DP rank, as a Hydra list (npu_rl.preflight.fastpath.capture_sizes
+# is the same rule): 1 2 4 8 16 24 32 48 64 96 128 160 192 256 320 384 512 below SEQS x DECODE_LEN
+# tokens (at most 512, vllm-ascend's own default cap), then that limit itself.
+#   verl::capture_sizes SEQS DECODE_LEN
+verl::capture_sizes() {
+    local top=$(($1 * $2)) out="" s
+    ((top <= 512)) || top=512
+    for s in 1 2 4 8 16 24 32 48 64 96 128 160 192 256 320 384 512; do
+        if ((s < top)); then
+            out+="$s,"
+        fi
+    done
+    printf '[%s%d]\n' "$out" "$top"
+}

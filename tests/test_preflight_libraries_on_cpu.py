@@ -346,7 +346,8 @@ def test_rollout_memory_fix_names_only_the_offloads_that_are_off():
     r = check(f"{megatron}.optimizer_offload=False", f"{R}.gpu_memory_utilization=0.9")
     p = errors(r)[f"{R}.gpu_memory_utilization"]
     assert "0.9 x 64 GiB per die (Atlas A3)" in p.message and "vLLM refuses to start" in p.message
-    assert p.fix == f"set {megatron}.optimizer_offload=True, or lower {R}.gpu_memory_utilization to 0.82"
+    # (64 - 11.4 GiB of optimizer state - 0.44 GiB of ACL graph pool, which vLLM allocates beside its share) / 64
+    assert p.fix == f"set {megatron}.optimizer_offload=True, or lower {R}.gpu_memory_utilization to 0.81"
     assert f"{R}.gpu_memory_utilization" not in errors(check(f"{megatron}.optimizer_offload=False"))  # 0.8 fits
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from npu_rl.features import env_flag, feature_state
-from npu_rl.preflight import checks
+from npu_rl.preflight import checks, fastpath
 from npu_rl.preflight import memo as memo_mod
 from npu_rl.preflight.compose import Cli, check_overrides, compose_config, split_cli
 from npu_rl.preflight.libraries import check_hand_rules, check_libraries
@@ -122,8 +122,10 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     check_rollout_rebalance(cfg, env, report)
     with memo.stage("libraries", report) as run:
         if run:
-            check_libraries(cfg, env, report, model_path, config_json, cli.injected)
+            built = check_libraries(cfg, env, report, model_path, config_json, cli.injected)
+            memo.put("fast_path", fastpath.as_json(built.fast_path))
     memo.save()
+    fast = fastpath.FastPath.from_json(memo.get("fast_path"))
     check_hand_rules(cfg, env, report)
     plan = [
         ("config", f"{cli.config_name} ({cli.config_dir})"),
@@ -131,6 +133,8 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         ("trainer", f"{'V1' if sel(cfg, 'trainer.use_v1', True) else 'legacy'}, {sel(cfg, 'algorithm.adv_estimator')}"),
         ("library checks", memo.status),
     ]
+    if checks.sel(cfg, "trainer.device", "npu") != "cpu" and env.get("VERL_PLATFORM") != "cpu":
+        plan.append(("rollout graphs", fastpath.plan_value(fast)))
     if model is None:
         return plan
     lengths = checks.check_lengths(cfg, model, report)
@@ -140,7 +144,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         checks.check_reshard_layout(lay, roll, model, report)
     if any(f.env == "NPU_RL_RANDOM_INIT" for f in feats.on):
         checks.check_random_init(cfg, report)
-    est = checks.estimate_memory(cfg, lay, roll, model)
+    est = checks.estimate_memory(cfg, lay, roll, model, graph=fast.graph_gib if fast is not None else 0.0)
     checks.check_memory(cfg, est, lengths, report, lay)
     dense, expert = model.params()
     tbs, n = sel(cfg, "data.train_batch_size"), sel(cfg, "actor_rollout_ref.rollout.n")
@@ -159,7 +163,9 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         else f"{lay.engine} DP{lay.dp}",
         rollout=f"vLLM TP{roll.tp} DP{roll.dp}"
         + (f" EP{roll.ep}" if roll.ep > 1 else "")
-        + f" x{world // roll.replica}",
+        + f" x{world // roll.replica}"
+        + (f", {fast.summary}" if fast is not None else ""),
+        fast_path=fastpath.as_json(fast),
     )
     mini = sel(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size")
     plan += [
@@ -196,7 +202,9 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
             "memory/die",
             f"train {est.train_total:.1f} GiB (w {est.train_weights:.1f} g {est.train_grads:.1f} "
             f"opt {est.train_optimizer:.1f}) + activations; rollout weights {est.rollout_weights:.1f} GiB, "
-            f"KV {est.kv_budget:.1f} GiB = {est.kv_tokens} tokens; against {checks.HBM}",
+            f"KV {est.kv_budget:.1f} GiB = {est.kv_tokens} tokens"
+            + (f"; ACL graph pool ~{est.graph:.2f} GiB (held while training)" if est.graph else "")
+            + f"; against {checks.HBM}",
         ),
         ("features on", ", ".join(f.name for f in feats.on) or "none"),
     ]

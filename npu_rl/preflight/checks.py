@@ -454,7 +454,8 @@ def check_lengths(cfg, model: ModelFacts, report: Report) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Per-die HBM (GiB) by part. Activations, graphs and fragmentation are not modelled."""
+    """Per-die HBM (GiB) by part. Activations and fragmentation are not modelled; the ACL graph pool is the
+    fast path's estimate (:attr:`npu_rl.preflight.fastpath.FastPath.graph_gib`), 0 without graphs."""
 
     train_weights: float
     train_grads: float
@@ -465,16 +466,21 @@ class MemoryEstimate:
     kv_tokens: int  # tokens of KV cache one rollout replica holds
     resident_keys: tuple[str, ...] = ()  # the offload switches that are off while their state is on the die
     sharded_optimizer: bool = True  # Megatron's distributed optimizer (FSDP always shards)
+    graph: float = 0.0  # the rollout's ACL graph pool: outside gpu_memory_utilization, kept through sleep
 
     @property
     def train_total(self) -> float:
         return self.train_weights + self.train_grads + self.train_optimizer
 
 
-def estimate_memory(cfg, lay: TrainLayout, roll: RolloutLayout, model: ModelFacts) -> MemoryEstimate:
+def estimate_memory(
+    cfg, lay: TrainLayout, roll: RolloutLayout, model: ModelFacts, graph: float = 0.0
+) -> MemoryEstimate:
     """Per-die estimate: bf16 weights, fp32 gradients, fp32 AdamW master + 2 moments (12 B/param,
     sharded over DP with the distributed optimizer), vLLM weights over rollout TP (experts over EP),
-    KV budget = gpu_memory_utilization x HBM - rollout weights."""
+    KV budget = gpu_memory_utilization x HBM - rollout weights; ``graph`` is the rollout's ACL graph pool
+    (GiB per die), which vllm-ascend allocates after the KV cache, outside gpu_memory_utilization's share,
+    and which sleep mode keeps (its allocator offloads or discards only the weights and KV cache)."""
     dense, expert = model.params()
     if lay.engine in ("megatron", "mindspeed"):
         on_die = dense / (lay.tp * lay.pp) + expert / (lay.ep * lay.etp * lay.pp)
@@ -502,7 +508,7 @@ def estimate_memory(cfg, lay: TrainLayout, roll: RolloutLayout, model: ModelFact
     kv_heads_per_die = max(model.kv_heads // roll.tp, 1)
     per_token = 2 * model.layers * kv_heads_per_die * model.head_dim * 2  # K and V, bf16, one die
     kv_tokens = int(max(kv_budget, 0) * GB / per_token) if per_token else 0
-    return MemoryEstimate(w, g, o, resident, rw, kv_budget, kv_tokens, resident_keys, sharded)
+    return MemoryEstimate(w, g, o, resident, rw, kv_budget, kv_tokens, resident_keys, sharded, graph)
 
 
 def check_memory(cfg, est: MemoryEstimate, lengths: Mapping[str, int], report: Report, lay: TrainLayout | None = None):
@@ -514,17 +520,19 @@ def check_memory(cfg, est: MemoryEstimate, lengths: Mapping[str, int], report: R
         f"weights {est.train_weights:.1f} + grads {est.train_grads:.1f} + optimizer {est.train_optimizer:.1f} "
         f"= {est.train_total:.1f} GiB per die before activations"
     )
-    if est.train_total > hbm * 0.9:
+    if est.graph:
+        train += f" + the rollout's ACL graph pool ~{est.graph:.2f} GiB (kept through sleep)"
+    if est.train_total + est.graph > hbm * 0.9:
         if megatron:
             fix = f"raise {lay.section}.tensor/pipeline/expert_model_parallel_size"
         else:
             fix = "train on more dies, or with model_engine=megatron (TP/PP/EP shard the model further)"
         if not est.sharded_optimizer:
             fix += f", and turn the distributed optimizer on ({lay.section}.use_distributed_optimizer=True)"
-        if est.train_total > hbm:
+        if est.train_total + est.graph > hbm:
             report.error(
                 "memory (training)",
-                f"{train}: {est.train_total / hbm:.1f}x the {HBM}, the update cannot fit",
+                f"{train}: {(est.train_total + est.graph) / hbm:.1f}x the {HBM}, the update cannot fit",
                 fix,
             )
         else:
@@ -535,15 +543,16 @@ def check_memory(cfg, est: MemoryEstimate, lengths: Mapping[str, int], report: R
             )
     util = float(sel(cfg, f"{R}.gpu_memory_utilization", 0.5))
     key = f"{R}.gpu_memory_utilization"
-    if est.resident_in_rollout + util * hbm > hbm:
-        room = max(int((hbm - est.resident_in_rollout) / hbm * 100) / 100, 0)
+    if est.resident_in_rollout + util * hbm + est.graph > hbm:
+        room = max(int((hbm - est.resident_in_rollout - est.graph) / hbm * 100) / 100, 0)
         fixes = [f"set {k}=True" for k in est.resident_keys]
         fixes.append(f"lower {key} to {room:g}" if room > 0 else "shard the training state over more dies")
         report.error(
             key,
             f"vLLM asks for {util} x {HBM} = {util * hbm:.1f} GiB while {est.resident_in_rollout:.1f} GiB of "
-            "training state stays on the die (not offloaded): vLLM refuses to start when less HBM is free than "
-            "gpu_memory_utilization asks for",
+            "training state stays on the die (not offloaded)"
+            + (f" and its ACL graph pool needs ~{est.graph:.2f} GiB beside it" if est.graph else "")
+            + ": vLLM refuses to start when less HBM is free than gpu_memory_utilization asks for",
             ", or ".join(fixes),
         )
     if est.kv_budget <= 0:

@@ -121,6 +121,9 @@ class Built:
     target: str = "npu"  # the platform the run targets: "npu" (vllm-ascend) or "cpu"
     skipped: list[str] = field(default_factory=list)  # stages that could not run here, with the reason
     remote_draft: bool = False  # the draft model is a hub id: vLLM downloads it at engine start, not here
+    fast_path: Any = None  # npu_rl.preflight.fastpath.FastPath: graph mode and npugraph_ex as resolved (NPU)
+    parsed_args: Any = None  # AsyncEngineArgs as parsed, before create_engine_config (which changes them)
+    model_here: bool = False  # the model's own folder is on this machine (not just its shipped config.json)
 
 
 class _Findings:
@@ -186,10 +189,13 @@ def check_libraries(
         if str(sel(cfg, f"{R}.name", "vllm")) != "vllm" or built.rollout is None or built.hf_config is None:
             return built  # another rollout engine, or verl already refused what vLLM would be built from
         rollout = _verl_server_checks(built, found)
-        if rollout is not None:
-            _build_vllm(cfg, env, rollout, model_path, config_json, built, found)
-        if built.vllm_config is not None and built.target == "npu" and not _platform_is_npu():
-            _ascend_checks(env, built, found)  # on an NPU machine create_engine_config ran them for real
+        with tempfile.TemporaryDirectory() as tmp:  # the model folder vLLM reads, while the stages run
+            if rollout is not None:
+                _build_vllm(cfg, env, rollout, model_path, config_json, built, found, Path(tmp))
+            if built.vllm_config is not None and built.target == "npu" and not _platform_is_npu():
+                _ascend_checks(env, built, found)  # on an NPU machine create_engine_config ran them for real
+            if built.engine_args is not None and built.target == "npu":
+                _fast_path(cfg, env, built, found)
     for reason in built.skipped:
         report.warn("preflight (libraries)", f"not checked here: {reason}")
     return built
@@ -490,45 +496,49 @@ def _key_holding(args: dict, text: str, found: _Findings) -> str:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _build_vllm(cfg, env, rollout, model_path: str, config_json: Path | None, built: Built, found: _Findings) -> None:
-    """Engine arguments -> ``AsyncEngineArgs.create_engine_config()`` on a directory with the model's config."""
+def _build_vllm(
+    cfg, env, rollout, model_path: str, config_json: Path | None, built: Built, found: _Findings, tmp: Path
+) -> None:
+    """Engine arguments -> ``AsyncEngineArgs.create_engine_config()`` on a directory with the model's config
+    (the model's own, else one written under ``tmp``, which must outlive the later stages)."""
     gpus_per_node = int(env.get("NPUS_PER_NODE") or sel(cfg, "trainer.n_gpus_per_node", 8))
-    with tempfile.TemporaryDirectory() as tmp:
-        local = Path(os.path.expanduser(model_path))
-        model_dir = local if (local / "config.json").is_file() else _config_dir(config_json, Path(tmp) / "model")
-        try:
-            built.args = server_args(cfg, rollout, built.hf_config, str(model_dir), gpus_per_node)
-        except (AssertionError, ValueError, TypeError, NotImplementedError) as e:
-            key = found.key_of(str(e), R)
-            found.add(key, f"verl's vLLMHttpServer.launch_server refuses it: {e}", f"change {key}")
-            return
-        if built.remote_draft:
-            built.args.pop("speculative_config", None)
-        engine_args = _parse_engine_args(built.args, built.target, found)
-        if engine_args is None:
-            return
-        built.engine_args = engine_args
-        sleep, quantization = engine_args.enable_sleep_mode, engine_args.quantization
-        stand_in = built.target == "npu" and not _platform_is_npu()  # this machine's vLLM platform is not the run's
-        if stand_in and quantization and quantization not in _vllm_quantization_methods():
-            # A method only vllm-ascend registers (e.g. "ascend", when its platform loads): judged by
-            # NPUPlatform.verify_quantization below, not by the CPU build's registry.
-            engine_args.quantization = None
-        if stand_in:
-            # Sleep mode is a platform capability: vLLM's CPU platform has none (ModelConfig refuses it
-            # here), vllm-ascend's NPUPlatform.is_sleep_mode_available() is True. Build without it and put
-            # the value back for vllm-ascend's checks.
-            engine_args.enable_sleep_mode = False
-        from vllm.usage.usage_lib import UsageContext
+    local = Path(os.path.expanduser(model_path))
+    built.model_here = (local / "config.json").is_file()
+    model_dir = local if built.model_here else _config_dir(config_json, tmp / "model")
+    try:
+        built.args = server_args(cfg, rollout, built.hf_config, str(model_dir), gpus_per_node)
+    except (AssertionError, ValueError, TypeError, NotImplementedError) as e:
+        key = found.key_of(str(e), R)
+        found.add(key, f"verl's vLLMHttpServer.launch_server refuses it: {e}", f"change {key}")
+        return
+    if built.remote_draft:
+        built.args.pop("speculative_config", None)
+    engine_args = _parse_engine_args(built.args, built.target, found)
+    if engine_args is None:
+        return
+    built.engine_args = engine_args
+    built.parsed_args = copy.deepcopy(engine_args)
+    sleep, quantization = engine_args.enable_sleep_mode, engine_args.quantization
+    stand_in = built.target == "npu" and not _platform_is_npu()  # this machine's vLLM platform is not the run's
+    if stand_in and quantization and quantization not in _vllm_quantization_methods():
+        # A method only vllm-ascend registers (e.g. "ascend", when its platform loads): judged by
+        # NPUPlatform.verify_quantization below, not by the CPU build's registry.
+        engine_args.quantization = None
+    if stand_in:
+        # Sleep mode is a platform capability: vLLM's CPU platform has none (ModelConfig refuses it
+        # here), vllm-ascend's NPUPlatform.is_sleep_mode_available() is True. Build without it and put
+        # the value back for vllm-ascend's checks.
+        engine_args.enable_sleep_mode = False
+    from vllm.usage.usage_lib import UsageContext
 
-        try:
-            vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
-        except Exception as e:  # noqa: BLE001 - vLLM raises ValueError/AssertionError/pydantic errors alike
-            _vllm_problem(e, engine_args, rollout, found)
-            return
-        vllm_config.model_config.enable_sleep_mode = sleep
-        engine_args.quantization = quantization
-        built.vllm_config = vllm_config
+    try:
+        vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    except Exception as e:  # noqa: BLE001 - vLLM raises ValueError/AssertionError/pydantic errors alike
+        _vllm_problem(e, engine_args, rollout, found)
+        return
+    vllm_config.model_config.enable_sleep_mode = sleep
+    engine_args.quantization = quantization
+    built.vllm_config = vllm_config
 
 
 def _platform_is_npu() -> bool:
@@ -569,6 +579,9 @@ def _vllm_problem(e: Exception, engine_args, rollout, found: _Findings) -> None:
     elif "async scheduling is only supported with" in text:
         key = found.key_of("async_scheduling", f"{VLLM_KW}.async_scheduling")
         fix = f"drop {key} (vLLM turns async scheduling off by itself for drafters it cannot overlap)"
+    elif "ASCEND_LAUNCH_BLOCKING" in text:  # vllm-ascend's platform on an NPU head (platform.py:645-657)
+        key = "ASCEND_LAUNCH_BLOCKING"
+        fix = f"unset ASCEND_LAUNCH_BLOCKING (or 0), or set {R}.enforce_eager=True while debugging"
     elif "Sleep mode is not supported on current platform" in text:
         key = f"{R}.enable_sleep_mode"
         fix = (
@@ -582,27 +595,88 @@ def _vllm_problem(e: Exception, engine_args, rollout, found: _Findings) -> None:
 # ----------------------------------------------------------------------------------------------------------
 
 
+# vllm-ascend's modules between two uses of :func:`stub_torch_npu`: out of ``sys.modules``, kept for the next
+# use, because importing them again registers their torch custom ops a second time, which torch refuses.
+_ASCEND_KEPT: dict[str, types.ModuleType] = {}
+# Module-level caches of vllm-ascend that hold one engine's answers (its AscendConfig, "is this a MoE
+# model", the device type): reset at every use, so each configuration is judged as a fresh process would.
+_ASCEND_CACHES = {
+    "vllm_ascend.ascend_config": ("_ASCEND_CONFIG",),
+    "vllm_ascend.utils": (
+        "_ascend_device_type",
+        "_IS_MOE_MODEL",
+        "_IS_DRAFTER_MOE_MODEL",
+        "_IS_VL_MODEL",
+        "_ENABLE_SP",
+        "_HAS_LAYER_IDX",
+        "_HAS_ROPE",
+        "_IS_RC_DEVICE",
+        "_CUSTOM_OP_ENABLED",
+        "_potential_max_tokens",
+    ),
+}
+
+
+# vLLM's process-wide registries that importing vllm-ascend fills (its quantization configs, "fp8"
+# among them, and its custom ops): vLLM's own view is restored after each block, vllm-ascend's is
+# put back at the start of the next one (its modules are kept, so they do not register again).
+_VLLM_REGISTRIES = (
+    ("vllm.model_executor.layers.quantization", "QUANTIZATION_METHODS"),
+    ("vllm.model_executor.layers.quantization", "_CUSTOMIZED_METHOD_TO_QUANT_CONFIG"),
+    ("vllm.model_executor.custom_op", "op_registry"),
+    ("vllm.model_executor.custom_op", "op_registry_oot"),
+)
+_ASCEND_REGISTRIES: dict[tuple[str, str], Any] = {}
+
+
+def _registries_snapshot() -> dict[tuple[str, str], Any]:
+    import importlib
+
+    return {(m, a): copy.copy(getattr(importlib.import_module(m), a)) for m, a in _VLLM_REGISTRIES}
+
+
+def _registries_set(state: Mapping[tuple[str, str], Any]) -> None:
+    import importlib
+
+    for (m, a), content in state.items():
+        registry = getattr(importlib.import_module(m), a)  # changed in place: modules hold references
+        registry.clear()
+        (registry.extend if isinstance(registry, list) else registry.update)(content)
+
+
 @contextlib.contextmanager
 def stub_torch_npu() -> Iterator[types.ModuleType]:
     """A ``torch_npu`` module in ``sys.modules`` for as long as the block runs, and vllm-ascend importable
     from ``sources/vllm-ascend``; afterwards the stub, every ``vllm_ascend`` module, the path entry, the
-    environment and the attributes vllm-ascend set on ``vllm.envs`` are gone again."""
+    environment and the attributes vllm-ascend set on ``vllm.envs`` are gone again. vllm-ascend's modules
+    are kept aside for the next block (:data:`_ASCEND_KEPT`), their per-engine caches reset
+    (:data:`_ASCEND_CACHES`), and vLLM's registries they fill swapped in and out (:data:`_VLLM_REGISTRIES`)."""
     import vllm.envs as vllm_envs
 
     if "torch_npu" in sys.modules:
         raise RuntimeError("a torch_npu module is already imported: not stubbing over it")
-    stub = types.ModuleType(
+    stub = _ASCEND_KEPT.get("torch_npu") or types.ModuleType(
         "torch_npu", "npu-rl preflight stub: vllm-ascend imports torch_npu; its checks call nothing"
     )
     stub.__spec__ = None
     saved_env, saved_path, envs_attrs = dict(os.environ), list(sys.path), set(vars(vllm_envs))
+    vllm_registries = _registries_snapshot()
+    _registries_set(_ASCEND_REGISTRIES)
+    sys.modules.update(_ASCEND_KEPT)
     sys.modules["torch_npu"] = stub
+    for name, attrs in _ASCEND_CACHES.items():
+        module = sys.modules.get(name)
+        for attr in attrs if module is not None else ():
+            if hasattr(module, attr):
+                setattr(module, attr, None)
     sys.path.insert(0, str(ASCEND_SOURCES))
     try:
         yield stub
     finally:
         for name in [n for n in sys.modules if n == "torch_npu" or n.split(".")[0] == "vllm_ascend"]:
-            del sys.modules[name]
+            _ASCEND_KEPT[name] = sys.modules.pop(name)
+        _ASCEND_REGISTRIES.update(_registries_snapshot())
+        _registries_set(vllm_registries)
         sys.path[:] = saved_path
         os.environ.clear()
         os.environ.update(saved_env)
@@ -651,6 +725,30 @@ def _ascend_checks(env: Mapping[str, str], built: Built, found: _Findings) -> No
                     found.add(key, f"vllm-ascend's NPUPlatform ({name}) refuses it: {text}", f"change {key}")
     except RuntimeError as e:
         built.skipped.append(f"vllm-ascend's checks: {e}")
+
+
+def _fast_path(cfg, env: Mapping[str, str], built: Built, found: _Findings) -> None:
+    """Graph mode, npugraph_ex and capture sizes as verl, vLLM and vllm-ascend resolve them
+    (:mod:`npu_rl.preflight.fastpath`), and the findings on them."""
+    from npu_rl.preflight import fastpath
+
+    device = fastpath.device_type(env)
+    if _platform_is_npu() and built.vllm_config is not None:  # the head of a real run: built for real
+        from vllm_ascend.ascend_config import get_ascend_config
+
+        start = fastpath.start(built, fastpath.rollout_environment(cfg, env), device)
+        fast = fastpath.read(built.vllm_config, start, get_ascend_config().weight_nz_mode)
+    elif _platform_is_npu():
+        return  # vLLM refused the engine config on the NPU itself: reported already
+    else:
+        try:
+            fast = fastpath.resolve(built, cfg, env, device)
+        except RuntimeError as e:
+            built.skipped.append(f"the rollout's graph mode and npugraph_ex: {e}")
+            return
+    built.fast_path = fast
+    fastpath.judge(fast, cfg, found)
+    fastpath.check_weight_nz(fast, cfg, found)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -766,19 +864,6 @@ def check_hand_rules(cfg, env: Mapping[str, str], report: Report) -> None:
             "drop expandable_segments:True from PYTORCH_NPU_ALLOC_CONF (the launcher's default is "
             f"garbage_collection_threshold:0.8), or set +{R}.enable_sleep_mode=False (vllm-ascend then turns "
             "expandable segments on itself; without the '+' where the recipe sets the key already)",
-        )
-    eager = bool(sel(cfg, f"{R}.enforce_eager", False))
-    mode = str(
-        (_plain(sel(cfg, f"{VLLM_KW}.compilation_config", {}) or {})).get("cudagraph_mode", "FULL_AND_PIECEWISE")
-    )
-    if effective_env(cfg, env, "ASCEND_LAUNCH_BLOCKING") == "1" and not eager and mode.upper() != "NONE":
-        # Stands in for vllm-ascend's NPUPlatform.check_and_update_config (platform.py:645-657), whose
-        # graph set-up around this check needs an NPU.
-        report.error(
-            "ASCEND_LAUNCH_BLOCKING",
-            "= 1 while the rollout captures ACL graphs (enforce_eager=False): vllm-ascend refuses to start "
-            "('ACL graph is incompatible with ASCEND_LAUNCH_BLOCKING=1')",
-            f"unset ASCEND_LAUNCH_BLOCKING (or 0), or set {R}.enforce_eager=True while debugging",
         )
 
 

@@ -15,9 +15,9 @@ while all of that is unchanged:
   ``pip install`` into site-packages counts), plus the file of every imported module. An entry is used
   only if each of these still has the same size and mtime (files) or the same names (directories).
 
-An entry stores the problems each stage added to the report, in order, and is replayed in place of the
-stage. ``NPU_RL_PREFLIGHT_CACHE=0`` runs the stages (and records their fresh verdict); the plan says
-which happened. Entries live in
+An entry stores the problems each stage added to the report, in order, and the values a stage kept for
+the plan (:meth:`Memo.put`); it is replayed in place of the stage. ``NPU_RL_PREFLIGHT_CACHE=0`` runs the
+stages (and records their fresh verdict); the plan says which happened. Entries live in
 ``<cache>/preflight/`` (:func:`npu_rl.cache_dir`), written atomically, the newest
 :data:`MAX_ENTRIES` kept. An unreadable or foreign entry is a miss, never an error.
 """
@@ -40,7 +40,7 @@ from typing import Any
 from npu_rl import cache_dir
 from npu_rl.preflight.report import Problem, Report
 
-FORMAT = 1
+FORMAT = 2  # 2: entries keep the stages' values (the rollout's resolved graph settings)
 MAX_ENTRIES = 200
 SWITCH = "NPU_RL_PREFLIGHT_CACHE"
 # Set per launcher invocation (temporary paths) or by the shell itself; read by none of the libraries;
@@ -223,6 +223,7 @@ class Memo:
         self.key, self.directory = key, directory
         self.entry: dict | None = None
         self.stages: dict[str, list[dict]] = {}
+        self.values: dict[str, Any] = {}
         self.reason = ""
         self.started = time.monotonic()
         self._rec = _Recorder()
@@ -270,6 +271,16 @@ class Memo:
             yield True
         self.stages[name] = [dataclasses.asdict(p) for p in report.problems[start:]]
 
+    def put(self, name: str, value: Any) -> None:
+        """Keep a JSON-able value a stage computed (for the plan), replayed by :meth:`get` on a hit."""
+        self.values[name] = value
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The value :meth:`put` kept under ``name``: this run's, or the reused entry's."""
+        if self.entry is not None:
+            return self.entry.get("values", {}).get(name, default)
+        return self.values.get(name, default)
+
     def save(self) -> None:
         """Write the entry (atomically; a failure to write only costs the next run its reuse)."""
         if self.entry is not None or self.directory is None:
@@ -281,6 +292,7 @@ class Memo:
             "created": time.strftime("%Y-%m-%d %H:%M:%S"),
             "seconds": round(took, 2),
             "stages": self.stages,
+            "values": self.values,
             "deps": _dependencies(self._rec),
         }
         try:

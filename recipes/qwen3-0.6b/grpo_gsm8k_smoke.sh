@@ -51,4 +51,9 @@ TRAINER=(
     trainer.test_freq=10
 )
 
-run_verl "${DATA[@]}" "${MODEL[@]}" "${ALGORITHM[@]}" "${ROLLOUT[@]}" "${FEATURES[@]}" "${TRAINER[@]}" "$@"
+# Rollout fast path (docs/fast_path.md): ACL graphs with npugraph_ex (FULL_DECODE_ONLY; FULL when
+# SPEC_TOKENS > 0; ROLLOUT_GRAPH_MODE overrides) and a short capture list sized for one rank's decode
+# batch (64 prompts x n 4 over 16 replicas of TP 1: 16 per rank).
+verl::fast_path $((64 * 4)) $((NPUS_PER_NODE)) 256
+
+run_verl "${DATA[@]}" "${MODEL[@]}" "${ALGORITHM[@]}" "${ROLLOUT[@]}" "${FAST_PATH[@]}" "${FEATURES[@]}" "${TRAINER[@]}" "$@"

@@ -16,3 +16,14 @@ export NPU_RL_ROLLOUT_PROGRESS="${NPU_RL_ROLLOUT_PROGRESS:-1}"
 # request, longest predicted first, and lets all 32 x 256 slots fill (verl lets ~31 per rank reach vLLM):
 # -11% to -15% generate time in simulation here, not yet measured live.
 # export ROLLOUT_REBALANCE_ENABLE=1
+# Rollout fast path for the MoE (docs/fast_path.md):
+# - HCCL_BUFFSIZE (MB): vllm-ascend's MC2 dispatch/combine group sizes its buffer from it alone
+#   (vllm_ascend/utils.py, get_hccl_config_for_pg_options); its own Qwen3-235B configs use 1024. Every
+#   HCCL group of the trainer takes it too, so 512 here: raise it if the rollout logs an MC2 buffer error.
+# - jemalloc for the host allocations of the trainer and the rollout (vllm-ascend's images preload it);
+#   the Docker image installs it at this path. Only preloaded where the file exists.
+export HCCL_BUFFSIZE="${HCCL_BUFFSIZE:-512}"
+NPU_RL_JEMALLOC="${NPU_RL_JEMALLOC:-/usr/lib64/libjemalloc.so.2}"
+if [[ -f "$NPU_RL_JEMALLOC" && ":${LD_PRELOAD:-}:" != *":$NPU_RL_JEMALLOC:"* ]]; then
+    export LD_PRELOAD="$NPU_RL_JEMALLOC${LD_PRELOAD:+:$LD_PRELOAD}"
+fi

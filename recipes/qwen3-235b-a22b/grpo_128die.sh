@@ -91,5 +91,10 @@ TRAINER=(
     trainer.val_before_train=False
 )
 
-run_verl "${DATA[@]}" "${MODEL[@]}" "${TRAIN_PARALLEL[@]}" "${ALGORITHM[@]}" "${ROLLOUT[@]}" \
+# Rollout fast path (docs/fast_path.md): ACL graphs with npugraph_ex (FULL_DECODE_ONLY; FULL when
+# SPEC_TOKENS > 0; ROLLOUT_GRAPH_MODE overrides) and a short capture list sized for one rank's decode
+# batch (512 prompts x n 16 over 32 DP ranks of TP 4: 256 per rank = max_num_seqs).
+verl::fast_path $((512 * 16)) $((NNODES * NPUS_PER_NODE / 4)) 256
+
+run_verl "${DATA[@]}" "${MODEL[@]}" "${TRAIN_PARALLEL[@]}" "${ALGORITHM[@]}" "${ROLLOUT[@]}" "${FAST_PATH[@]}" \
     "${MOE[@]}" "${FEATURES[@]}" "${TRAINER[@]}" "$@"

@@ -83,5 +83,10 @@ TRAINER=(
     trainer.test_freq=-1
 )
 
-run_verl "${DATA[@]}" "${MODEL[@]}" "${TRAIN_PARALLEL[@]}" "${ALGORITHM[@]}" "${ROLLOUT[@]}" \
+# Rollout fast path (docs/fast_path.md): ACL graphs with npugraph_ex (FULL_DECODE_ONLY; FULL when
+# SPEC_TOKENS > 0; ROLLOUT_GRAPH_MODE overrides) and a short capture list sized for one rank's decode
+# batch (128 prompts x n 8 over 4 DP ranks of TP 4: 256 per rank (verl's max_num_seqs default 256)).
+verl::fast_path $((128 * 8)) $((NNODES * NPUS_PER_NODE / 4)) 256
+
+run_verl "${DATA[@]}" "${MODEL[@]}" "${TRAIN_PARALLEL[@]}" "${ALGORITHM[@]}" "${ROLLOUT[@]}" "${FAST_PATH[@]}" \
     "${MOE[@]}" "${FEATURES[@]}" "${TRAINER[@]}" "$@"

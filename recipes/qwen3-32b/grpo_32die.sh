@@ -89,5 +89,10 @@ TRAINER=(
     trainer.val_before_train=False
 )
 
-run_verl "${DATA[@]}" "${MODEL[@]}" "${TRAIN_PARALLEL[@]}" "${ALGORITHM[@]}" "${ROLLOUT[@]}" \
+# Rollout fast path (docs/fast_path.md): ACL graphs with npugraph_ex (FULL_DECODE_ONLY; FULL when
+# SPEC_TOKENS > 0; ROLLOUT_GRAPH_MODE overrides) and a short capture list sized for one rank's decode
+# batch (64 prompts x n 16 over 4 replicas of TP 8: 256 per rank = max_num_seqs).
+verl::fast_path $((64 * 16)) $((NNODES * NPUS_PER_NODE / 8)) 256
+
+run_verl "${DATA[@]}" "${MODEL[@]}" "${TRAIN_PARALLEL[@]}" "${ALGORITHM[@]}" "${ROLLOUT[@]}" "${FAST_PATH[@]}" \
     "${FEATURES[@]}" "${TRAINER[@]}" "$@"

@@ -7,11 +7,15 @@
 # log-probs are unchanged. The gate is the default (32); change it with
 # VLLM_SPECULATIVE_BATCH_SIZE_THRE in the ENV script, or with +$S.sam_batch_size_threshold=N on the
 # launcher's command line. See docs/spec_decode.md.
+# Graph mode FULL, not FULL_DECODE_ONLY: SAM's drafts are often short or empty, and FULL_DECODE_ONLY
+# replays graphs only for uniform decode batches (every request 1 + k tokens); the capture list grows
+# to 256 requests x 4 tokens (capped at 512). docs/fast_path.md.
 set -euo pipefail
 S=actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config
+export SPEC_TOKENS="${SPEC_TOKENS:-3}"
 SAM=(
     "+$S.method=sam"
-    "+$S.num_speculative_tokens=3"
+    "+$S.num_speculative_tokens=$SPEC_TOKENS"
     "+$S.sam_group_corpus_mb=256"
     trainer.experiment_name=grpo-32die-sam
 )

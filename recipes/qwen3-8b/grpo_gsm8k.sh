@@ -56,4 +56,9 @@ TRAINER=(
     trainer.test_freq=20
 )
 
-run_verl "${DATA[@]}" "${MODEL[@]}" "${ALGORITHM[@]}" "${ROLLOUT[@]}" "${FEATURES[@]}" "${TRAINER[@]}" "$@"
+# Rollout fast path (docs/fast_path.md): ACL graphs with npugraph_ex (FULL_DECODE_ONLY; FULL when
+# SPEC_TOKENS > 0; ROLLOUT_GRAPH_MODE overrides) and a short capture list sized for one rank's decode
+# batch (128 prompts x n 8 over 8 replicas of TP 2: 128 per rank).
+verl::fast_path $((128 * 8)) $((NPUS_PER_NODE / 2)) 256
+
+run_verl "${DATA[@]}" "${MODEL[@]}" "${ALGORITHM[@]}" "${ROLLOUT[@]}" "${FAST_PATH[@]}" "${FEATURES[@]}" "${TRAINER[@]}" "$@"
