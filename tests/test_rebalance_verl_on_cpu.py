@@ -125,9 +125,21 @@ def test_switch_on_wires_ours(manager):
     # a balancer passed in by the caller wins; full_determinism keeps verl's hash routing
     m2 = new_manager(config(), load_balancer_cls=llm_server.GlobalRequestLoadBalancer)
     assert m2._load_balancer_cls is llm_server.GlobalRequestLoadBalancer
-    m3, rec3 = manager({"ROLLOUT_REBALANCE_ENABLE": "1"}, config(full_determinism=True))
-    assert m3._load_balancer_cls is None and rec3.cls is llm_server.GlobalRequestLoadBalancer
-    assert m3.global_load_balancer[2]["full_determinism"] is True
+
+
+def test_full_determinism_with_the_switch_on_is_a_loud_error_not_a_silent_off(manager, monkeypatch):
+    # before: the patched manager logged a warning and kept verl's hash routing, while every rollout
+    # server still took DP x max_num_seqs concurrent calls (server_max_concurrency)
+    with pytest.raises(NpuRlError, match="full_determinism=True.*would do nothing"):
+        manager({"ROLLOUT_REBALANCE_ENABLE": "1"}, config(full_determinism=True))
+    monkeypatch.setenv("ROLLOUT_REBALANCE_ENABLE", "1")
+    with pytest.raises(NpuRlError, match="ROLLOUT_REBALANCE_ENABLE=0"):
+        verl_hook.server_max_concurrency(config(dp=4, full_determinism=True).actor_rollout_ref.rollout, 1000)
+    assert verl_hook.server_max_concurrency(config(dp=4).actor_rollout_ref.rollout, 10) == 4 * 4 + 16
+    monkeypatch.setenv("ROLLOUT_REBALANCE_ENABLE", "0")  # off: deterministic runs are upstream's
+    m, rec = manager({}, config(full_determinism=True))
+    assert m._load_balancer_cls is None and rec.cls is llm_server.GlobalRequestLoadBalancer
+    assert m.global_load_balancer[2]["full_determinism"] is True
 
 
 def test_bad_switch_values_name_the_variable(monkeypatch):
@@ -356,3 +368,15 @@ def test_replica_server_concurrency(monkeypatch):
     assert replica.max_concurrency == 32 * 256 + 16
     replica.config = types.SimpleNamespace(max_num_seqs=256, data_parallel_size=1)
     assert replica.max_concurrency == 1000  # one engine per replica: verl's value already suffices
+
+
+def test_preflight_refuses_the_switch_with_full_determinism():
+    from npu_rl.preflight import run_preflight
+    from tests.test_preflight_on_cpu import BASE, ENV_2X16
+
+    on = {**ENV_2X16, "ROLLOUT_REBALANCE_ENABLE": "1"}
+    r = run_preflight([*BASE, "actor_rollout_ref.rollout.full_determinism=True"], on)
+    p = {e.key: e for e in r.report.errors}["ROLLOUT_REBALANCE_ENABLE"]
+    assert "keeps verl's hash routing: rollout rebalance would do nothing" in p.message
+    assert p.fix == "set ROLLOUT_REBALANCE_ENABLE=0, or actor_rollout_ref.rollout.full_determinism=False"
+    assert "ROLLOUT_REBALANCE_ENABLE" not in {e.key for e in run_preflight(list(BASE), on).report.errors}

@@ -41,7 +41,12 @@ def check_rollout_rebalance(cfg, env: Mapping[str, str], report: Report) -> None
             f"set {R}.disaggregation.enabled=False or {SWITCH}=0",
         )
     if bool(sel(cfg, f"{R}.full_determinism", False)):
-        report.warn(SWITCH, f"{R}.full_determinism=True keeps verl's hash routing: rollout rebalance stays off")
+        report.error(
+            SWITCH,
+            f"{R}.full_determinism=True keeps verl's hash routing: rollout rebalance would do nothing (the run "
+            "stops with this error when the rollout servers start)",
+            f"set {SWITCH}=0, or {R}.full_determinism=False",
+        )
     if s.max_inflight > max_num_seqs:
         report.warn(
             "ROLLOUT_REBALANCE_MAX_INFLIGHT",

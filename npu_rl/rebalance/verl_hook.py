@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from npu_rl.errors import NpuRlError
 from npu_rl.rebalance.settings import enabled, settings_from
 
 logger = logging.getLogger(__name__)
@@ -19,19 +20,35 @@ logger = logging.getLogger(__name__)
 MAX_CONCURRENCY = 100_000
 
 
-def load_balancer_cls(config: Any) -> type | None:
-    """Our load-balancer class bound to the rollout config, or None (switch off, or verl's
-    ``full_determinism`` is on: deterministic runs keep verl's hash routing).
+def refuse_inactive(rollout: Any) -> None:
+    """No silent no-op: the switch is on, but the rollout config keeps verl's own routing.
+
+    ``full_determinism=True`` makes verl route by request hash (``LLMServerManager``) and our balancer
+    would never be asked; before, the switch was dropped with a log line while the servers' concurrency
+    was still raised to DP x max_num_seqs.
 
     Raises:
-        NpuRlError: a ``ROLLOUT_REBALANCE_*`` value is invalid.
+        NpuRlError: ``full_determinism`` is on (names both keys and the fix).
+    """
+    if getattr(rollout, "full_determinism", False):  # OmegaConf node or verl's RolloutConfig
+        raise NpuRlError(
+            "ROLLOUT_REBALANCE_ENABLE=1 with actor_rollout_ref.rollout.full_determinism=True: deterministic "
+            "runs keep verl's hash routing, so rollout rebalance would do nothing. Set ROLLOUT_REBALANCE_ENABLE=0 "
+            "or actor_rollout_ref.rollout.full_determinism=False"
+        )
+
+
+def load_balancer_cls(config: Any) -> type | None:
+    """Our load-balancer class bound to the rollout config, or None when the switch is off.
+
+    Raises:
+        NpuRlError: a ``ROLLOUT_REBALANCE_*`` value is invalid, or the rollout config would keep the
+            switched-on balancer from running (:func:`refuse_inactive`).
     """
     if not enabled():
         return None
     rollout = config.actor_rollout_ref.rollout
-    if rollout.get("full_determinism", False):
-        logger.warning("ROLLOUT_REBALANCE_ENABLE=1 ignored: rollout.full_determinism=True keeps verl's hash routing")
-        return None
+    refuse_inactive(rollout)
     settings = settings_from(
         max_num_seqs=int(rollout.max_num_seqs),
         data_parallel_size=int(rollout.get("data_parallel_size", 1) or 1),
@@ -100,8 +117,13 @@ def server_max_concurrency(config: Any, default: int) -> int:
     (TP4 x DP32: 32 x 256 = 8192 slots) only ~1000 requests reach vLLM and the rest wait in Ray's
     queue, ~30 per DP rank. With the switch on, the dispatcher chooses every request's DP rank and
     keeps each rank at ``max_num_seqs``, so the server must accept ``DP x max_num_seqs`` (+16 control
-    calls). Switch off: ``default`` (upstream behaviour)."""
+    calls). Switch off: ``default`` (upstream behaviour).
+
+    Raises:
+        NpuRlError: the switch is on but the rollout config keeps verl's routing (:func:`refuse_inactive`).
+    """
     if not enabled():
         return default
+    refuse_inactive(config)
     dp = int(getattr(config, "data_parallel_size", 1) or 1)
     return max(default, dp * int(config.max_num_seqs) + 16)
