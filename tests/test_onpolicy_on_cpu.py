@@ -291,3 +291,22 @@ def test_preflight_checks_the_gc_and_progress_variables():
     assert ok.ok, ok.render()
     plan = dict(ok.plan)["features on"]
     assert "no GC pauses in decode steps" in plan and "rollout progress" in plan
+
+
+def test_engine_gc_is_opt_in_in_every_npu_env_script_and_on_in_the_cpu_main_job():
+    # issue 18, item 6: off in the shipped NPU env scripts until a measurement shows a gain
+    import subprocess
+
+    from npu_rl import REPO_ROOT
+
+    def gc_value(env_script) -> str:
+        script = f'unset NPU_RL_ENGINE_GC; source "{env_script}"; printf "%s" "$NPU_RL_ENGINE_GC"'
+        return subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
+
+    scripts = sorted(REPO_ROOT.glob("recipes/*/env_*.sh"))
+    npu = [s for s in scripts if s.parent.name != "qwen3-tiny"]
+    assert len(npu) >= 6
+    assert {str(s.relative_to(REPO_ROOT)): gc_value(s) for s in npu} == {
+        str(s.relative_to(REPO_ROOT)): "0" for s in npu
+    }
+    assert gc_value(REPO_ROOT / "recipes/qwen3-tiny/env_cpu.sh") == "1"

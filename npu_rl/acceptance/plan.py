@@ -21,7 +21,7 @@ NPUGRAPH_EX = f"+{R}.engine_kwargs.vllm.additional_config.ascend_compilation_con
 
 # Feature variables of npu_rl.features, set explicitly in every run (the value of the A arm).
 FEATURE_ENV_OFF = {
-    "NPU_RL_ENGINE_GC": "1",  # the shipped env scripts' default: on
+    "NPU_RL_ENGINE_GC": "1",  # on in the suite's runs (off in the env scripts): the GC pair measures it
     "NPU_RL_ROLLOUT_PROGRESS": "1",  # on in every run: the driver log shows where generation stands
     "ROLLOUT_REBALANCE_ENABLE": "0",
     "VLLM_ROLLOUT_EARLY_STOP_ENABLE": "0",
@@ -153,7 +153,7 @@ def build_plan(quick: bool = False, nnodes: int = 1) -> Plan:
         )
         return name
 
-    base = add(m06, "0.6b-base", "the shipped recipe (ACL graphs with npugraph_ex, engine GC on)")
+    base = add(m06, "0.6b-base", "the shipped recipe (ACL graphs with npugraph_ex) with engine GC on")
     eager = add(m06, "0.6b-eager", "eager rollout (no ACL graphs)", (f"{R}.enforce_eager=True",))
     pairs.append(Pair("graph mode (ACL graphs)", eager, base, f"{R}.enforce_eager=False (verl's default)"))
     if not quick:
