@@ -117,9 +117,9 @@ def load(run_dir: Path) -> Evidence:
 
 
 def _on(env: dict[str, str], name: str) -> bool:
-    from npu_rl.features import env_flag  # the project's one reading of a boolean switch
+    from npu_rl import settings  # the project's one reading of a feature switch
 
-    return env_flag(env, name) is True
+    return settings.is_on(name, env)
 
 
 def check_training(ev: Evidence, min_steps: int) -> None:

@@ -40,13 +40,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from npu_rl import settings
 from npu_rl.errors import NpuRlError
 
 SWITCH = "NPU_RL_ENGINE_GC"
 EVERY = "NPU_RL_ENGINE_GC_EVERY"
 MAX_GEN0 = "NPU_RL_ENGINE_GC_MAX_GEN0"
 FULL_GROWTH = "NPU_RL_ENGINE_GC_FULL_GROWTH"
-DEFAULTS: dict[str, float] = {EVERY: 32, MAX_GEN0: 200_000, FULL_GROWTH: 0.25}
+DEFAULTS: dict[str, float] = {k: settings.setting(k).default for k in (EVERY, MAX_GEN0, FULL_GROWTH)}
 
 
 @dataclass
@@ -141,34 +142,16 @@ class StepGC:
 _GUARD: contextlib.AbstractContextManager | None = None
 
 
-def _param(env: Mapping[str, str], key: str, kind: type = int) -> float:
-    raw = env.get(key, "").strip()
-    if not raw:
-        return kind(DEFAULTS[key])
-    try:
-        value = kind(raw)
-    except ValueError:
-        what = "whole number" if kind is int else "number"
-        raise NpuRlError(f"{key}={raw!r} is not a {what}: set a positive {what} or unset it") from None
-    if not value > 0:
-        raise NpuRlError(f"{key}={value} must be > 0")
-    return value
-
-
 def from_env(env: Mapping[str, str] | None = None) -> contextlib.AbstractContextManager:
     """The step guard ``env`` asks for: a :class:`StepGC`, or a no-op context when the switch is off.
 
     Raises:
-        NpuRlError: a non-boolean switch or a bad parameter (names the variable).
+        SettingsError: a non-boolean switch or a bad parameter (names the variable and the allowed values).
     """
-    from npu_rl.features import require_flag
-
-    env = os.environ if env is None else env
-    if not require_flag(env, SWITCH):
+    v = settings.values("no GC pauses in decode steps", env)
+    if not v[SWITCH]:
         return contextlib.nullcontext()
-    return StepGC(
-        every=int(_param(env, EVERY)), max_gen0=int(_param(env, MAX_GEN0)), full_growth=_param(env, FULL_GROWTH, float)
-    )
+    return StepGC(every=v[EVERY], max_gen0=v[MAX_GEN0], full_growth=v[FULL_GROWTH])
 
 
 def engine_step_gc() -> contextlib.AbstractContextManager:

@@ -9,8 +9,9 @@ trainer's weights at the first sync, as usual. Only the config and tokenizer mus
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
+
+from npu_rl import settings
 
 SWITCH = "NPU_RL_RANDOM_INIT"
 
@@ -19,8 +20,6 @@ def random_init_enabled(env: Mapping[str, str] | None = None) -> bool:
     """True when ``NPU_RL_RANDOM_INIT`` is on.
 
     Raises:
-        NpuRlError: the value is not a boolean word (1/0, true/false, yes/no, on/off).
+        SettingsError: the value is not a boolean word (1/0, true/false, yes/no, on/off).
     """
-    from npu_rl.features import require_flag
-
-    return require_flag(os.environ if env is None else env, SWITCH)
+    return settings.get(SWITCH, env)

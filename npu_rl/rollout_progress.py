@@ -26,18 +26,18 @@ shown as
 from __future__ import annotations
 
 import datetime
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from npu_rl import settings
 from npu_rl.errors import NpuRlError
 
 SWITCH = "NPU_RL_ROLLOUT_PROGRESS"
 INTERVAL = "NPU_RL_ROLLOUT_PROGRESS_INTERVAL"
-DEFAULT_INTERVAL_S = 60.0
+DEFAULT_INTERVAL_S: float = settings.setting(INTERVAL).default
 
 
 @dataclass(frozen=True)
@@ -173,19 +173,10 @@ def from_env(env: Mapping[str, str] | None = None) -> RolloutProgress | None:
     """The reporter the environment asks for, or None when ``NPU_RL_ROLLOUT_PROGRESS`` is off.
 
     Raises:
-        NpuRlError: a non-boolean switch or a bad interval (names the variable).
+        SettingsError: a non-boolean switch or a bad interval (names the variable and the allowed values).
     """
-    from npu_rl.features import require_flag
-
-    env = os.environ if env is None else env
-    if not require_flag(env, SWITCH):
-        return None
-    raw = env.get(INTERVAL, "").strip()
-    try:
-        interval = float(raw) if raw else DEFAULT_INTERVAL_S
-    except ValueError:
-        raise NpuRlError(f"{INTERVAL}={raw!r} is not a number of seconds") from None
-    return RolloutProgress(interval_s=interval)
+    v = settings.values("rollout progress", env)
+    return RolloutProgress(interval_s=v[INTERVAL]) if v[SWITCH] else None
 
 
 _REPORTER: RolloutProgress | None = None

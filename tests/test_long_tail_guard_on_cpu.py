@@ -31,7 +31,7 @@ def test_env_parsing_names_the_variable():
     env = {"VLLM_ROLLOUT_EARLY_STOP_ENABLE": "1", "VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS": "8000"}
     assert GuardParams.from_env(env) == GuardParams(min_tokens=8000)
     assert GuardParams.from_env({"VLLM_ROLLOUT_EARLY_STOP_ENABLE": "0"}) is None
-    with pytest.raises(ValueError, match="VLLM_ROLLOUT_EARLY_STOP_FACTOR=0.5: must be >= 1"):
+    with pytest.raises(ValueError, match="VLLM_ROLLOUT_EARLY_STOP_FACTOR=0.5 is not a number >= 1"):
         GuardParams.from_env({"VLLM_ROLLOUT_EARLY_STOP_ENABLE": "1", "VLLM_ROLLOUT_EARLY_STOP_FACTOR": "0.5"})
     with pytest.raises(ValueError, match="MIN_TOKENS='1e4' is not an integer"):
         GuardParams.from_env({"VLLM_ROLLOUT_EARLY_STOP_ENABLE": "1", "VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS": "1e4"})

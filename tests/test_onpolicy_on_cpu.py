@@ -285,8 +285,8 @@ def test_preflight_checks_the_gc_and_progress_variables():
     }
     r = run_preflight(PREFLIGHT_BASE, env)
     errs = {p.key: p.message for p in r.report.errors}
-    assert "'often' is not a whole number" in errs["NPU_RL_ENGINE_GC_EVERY"]
-    assert "must be > 0" in errs["NPU_RL_ROLLOUT_PROGRESS_INTERVAL"]
+    assert errs["NPU_RL_ENGINE_GC_EVERY"] == "NPU_RL_ENGINE_GC_EVERY='often' is not an integer >= 1"
+    assert errs["NPU_RL_ROLLOUT_PROGRESS_INTERVAL"].endswith("=-5.0 is not a positive number of seconds")
     ok = run_preflight(PREFLIGHT_BASE, {**PREFLIGHT_ENV, "NPU_RL_ENGINE_GC": "1", "NPU_RL_ROLLOUT_PROGRESS": "1"})
     assert ok.ok, ok.render()
     plan = dict(ok.plan)["features on"]

@@ -1,10 +1,11 @@
-"""Rewrite the generated tables in README.md (stack, features, recipes) between their markers.
+"""Rewrite the generated tables in README.md (stack, features, settings, recipes) between their markers.
 
 The tests compare each block with its generator (``npu_rl.lock.stack_table``,
-``npu_rl.features.features_table``, ``npu_rl.recipes.recipes_table``); this tool writes them so a
+``npu_rl.features.features_table``, ``npu_rl.settings.settings_table``,
+``npu_rl.recipes.recipes_table``); this tool writes them so a
 maintainer never pastes by hand. The recipe table dry-runs every shipped recipe (about a minute).
 
-    python tools/update_readme_tables.py [--only stack features recipes] [--check]
+    python tools/update_readme_tables.py [--only stack features settings recipes] [--check]
 
 Exit status: 0 written (or, with --check, already current), 1 with --check when a block is stale,
 2 when README.md lacks a marker pair (the message names it).
@@ -35,6 +36,12 @@ def _features() -> str:
     return features_table()
 
 
+def _settings() -> str:
+    from npu_rl.settings import settings_table
+
+    return settings_table()
+
+
 def _recipes() -> str:
     from npu_rl.recipes import discover, dry_run, recipes_table
 
@@ -47,7 +54,12 @@ def _recipes() -> str:
     return recipes_table(rows)
 
 
-TABLES: dict[str, Callable[[], str]] = {"stack": _stack, "features": _features, "recipes": _recipes}
+TABLES: dict[str, Callable[[], str]] = {
+    "stack": _stack,
+    "features": _features,
+    "settings": _settings,
+    "recipes": _recipes,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

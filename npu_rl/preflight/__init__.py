@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from npu_rl.features import env_flag, feature_state
+from npu_rl import settings as feature_settings
 from npu_rl.preflight import checks, fastpath
 from npu_rl.preflight import memo as memo_mod
 from npu_rl.preflight.compose import Cli, check_overrides, compose_config, split_cli
@@ -96,7 +96,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     model_path = str(sel(cfg, "actor_rollout_ref.model.path", ""))
     override = sel(cfg, "actor_rollout_ref.model.override_config", {}) or {}
     model, config_json = _model_facts(model_path, env, report, _plain(override))
-    _check_files(cfg, model_path, env, report, config_only=bool(env_flag(env, "NPU_RL_RANDOM_INIT")))
+    _check_files(cfg, model_path, env, report, config_only=feature_settings.is_on("NPU_RL_RANDOM_INIT", env))
     world = checks.check_resources(cfg, env, report)
     lay = checks.train_layout(cfg, world)
     roll = checks.rollout_layout(cfg)
@@ -109,7 +109,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         if run:
             _verl_validate(cfg, report, cli.injected)
     node_env = json.loads(env["NPU_RL_NODE_FEATURE_ENV"]) if env.get("NPU_RL_NODE_FEATURE_ENV") else None
-    feats = feature_state(env, lambda k: sel(cfg, k), node_env)
+    feats = feature_settings.check(env, lambda k: sel(cfg, k), node_env)
     check_sampler(cfg, env, report)
     for key, msg, fix in feats.errors:
         report.error(key, msg, fix)

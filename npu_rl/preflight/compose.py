@@ -306,9 +306,9 @@ def _speculative_hint(key: str) -> str | None:
 
 def _is_feature_env(key: str) -> bool:
     """``key`` names a variable of the feature table (or one with its prefixes), e.g. ROLLOUT_REBALANCE_ENABLE."""
-    from npu_rl.features import OWN_PREFIXES, known_env
+    from npu_rl.settings import known_env, own_prefixes
 
-    return key in known_env() or key.startswith(OWN_PREFIXES)
+    return key in known_env() or key.startswith(own_prefixes())
 
 
 def _switches_feature_on(key: str, value: object) -> bool:

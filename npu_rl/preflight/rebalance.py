@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from npu_rl.errors import NpuRlError
-from npu_rl.features import env_flag
+from npu_rl import settings as feature_settings
 from npu_rl.preflight.checks import R, sel
 from npu_rl.preflight.report import Report
 from npu_rl.rebalance.settings import SWITCH, settings_from
+from npu_rl.settings import SettingsError
 
 
 def check_rollout_rebalance(cfg, env: Mapping[str, str], report: Report) -> None:
-    """With ``ROLLOUT_REBALANCE_ENABLE=1``: every parameter parses, the rollout is vLLM without
-    prefill/decode disaggregation (the dispatcher picks vLLM DP ranks), and settings that make the
-    switch a no-op or cap it are named."""
-    if not env_flag(env, SWITCH):
+    """With ``ROLLOUT_REBALANCE_ENABLE=1``: every parameter parses (the first bad one is named, as
+    :func:`npu_rl.settings.check` names it), the rollout is vLLM without prefill/decode disaggregation
+    (the dispatcher picks vLLM DP ranks), and settings that make the switch a no-op or cap it are named."""
+    if not feature_settings.is_on(SWITCH, env):
         return
     max_num_seqs = int(sel(cfg, f"{R}.max_num_seqs", 1024))
     dp = int(sel(cfg, f"{R}.data_parallel_size", 1))
@@ -26,8 +26,8 @@ def check_rollout_rebalance(cfg, env: Mapping[str, str], report: Report) -> None
             data_parallel_size=dp,
             response_length=int(sel(cfg, f"{R}.response_length", 0)),
         )
-    except NpuRlError as e:
-        report.error("ROLLOUT_REBALANCE", str(e), "fix the value in the ENV script (docs/rebalance.md lists them)")
+    except SettingsError as e:
+        report.error(e.name, str(e), e.fix)
         return
     name = str(sel(cfg, f"{R}.name", "vllm"))
     if name != "vllm":

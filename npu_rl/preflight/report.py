@@ -26,10 +26,17 @@ class Report:
     problems: list[Problem] = field(default_factory=list)
 
     def error(self, key: str, message: str, fix: str = "") -> None:
-        self.problems.append(Problem(key, message, fix, True))
+        self._add(Problem(key, message, fix, True))
 
     def warn(self, key: str, message: str, fix: str = "") -> None:
-        self.problems.append(Problem(key, message, fix, False))
+        self._add(Problem(key, message, fix, False))
+
+    def _add(self, problem: Problem) -> None:
+        # A bad feature value is named by the settings layer's check (npu_rl.settings.check) and again
+        # by its feature's own check, which also runs alone: the same finding (key, message, severity)
+        # is reported once, with the first one's fix.
+        if not any((p.key, p.message, p.error) == (problem.key, problem.message, problem.error) for p in self.problems):
+            self.problems.append(problem)
 
     @property
     def errors(self) -> list[Problem]:

@@ -20,13 +20,13 @@ def check_sampler(cfg, env: Mapping[str, str], report: Report) -> None:
     """Add the resampler's and the guard's findings to ``report``."""
     from npu_rl.sampler.guard import GuardParams
     from npu_rl.sampler.keys import CLASS_NAME, CLASS_PATH, REFERENCE_CLASS_PATH, SAMPLER_KEYS
+    from npu_rl.settings import SettingsError
 
     try:
         guard = GuardParams.from_env(env)
-    except ValueError as e:
+    except SettingsError as e:  # also named by npu_rl.settings.check: the report keeps one
         guard = None
-        key = str(e).split("=", 1)[0]
-        report.error(key, str(e).split(": ", 1)[-1] if ": " in str(e) else str(e), "fix the value in the ENV_SCRIPT")
+        report.error(e.name, str(e), e.fix)
     rollout = str(sel(cfg, "actor_rollout_ref.rollout.name", "vllm"))
     response = int(sel(cfg, "data.max_response_length", 0) or 0)
     if guard is not None and response and guard.min_tokens >= response:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from npu_rl.preflight.checks import R, sel
 from npu_rl.preflight.report import Report
+from npu_rl.settings import SettingsError
 from npu_rl.spec_decode.config import ENV_ALIAS, KEYS, PREFIX, resolve
 
 
@@ -34,6 +35,9 @@ def check_spec_decode(cfg, env: Mapping[str, str], report: Report) -> str | None
             *(sel(cfg, f"{PREFIX}.{key}", None) for key in KEYS),
             env=env,
         )
+    except SettingsError as e:  # the env alias's value (also named by npu_rl.settings.check: reported once)
+        report.error(e.name, str(e), e.fix)
+        return None
     except ValueError as e:
         text = str(e)
         key = next((k for k in ("num_speculative_tokens", *KEYS) if text.startswith(k)), None)

@@ -1,23 +1,6 @@
-"""The switches of rollout rebalance (environment variables, set in the recipe's ENV script).
-
-=================================  ==========  =====================================================
-variable                           default     meaning
-=================================  ==========  =====================================================
-ROLLOUT_REBALANCE_ENABLE           0           1: our dispatcher replaces verl's request load balancer
-ROLLOUT_REBALANCE_ORDER            longest     longest: longest predicted work first; fifo: arrival
-ROLLOUT_REBALANCE_PREDICT          1           0: ignore learned lengths (prompt length only)
-ROLLOUT_REBALANCE_KEEP_GROUPS      0           1: the n samples of a prompt go to one target
-ROLLOUT_REBALANCE_DP_RANKS         auto        auto/1: route to each DP rank of a multi-rank replica
-                                               (vLLM ``data_parallel_rank``); 0: one target per replica
-ROLLOUT_REBALANCE_MAX_INFLIGHT     0           slots per target; 0 = rollout.max_num_seqs
-ROLLOUT_REBALANCE_GATHER_S         0.5         hold the first releases of a batch this long (s)
-ROLLOUT_REBALANCE_EMA_DECAY        0.5         per-prompt EMA decay of observed response lengths
-ROLLOUT_REBALANCE_PRIOR_LEN        0           length of unseen prompts before any observation;
-                                               0 = rollout.response_length / 4
-ROLLOUT_REBALANCE_MAX_ATTEMPTS     3           tries of one request when its replica dies
-ROLLOUT_REBALANCE_METRICS_FILE     (none)      append per-step metrics as JSON lines to this file
-=================================  ==========  =====================================================
-"""
+"""Rollout rebalance's settings, resolved: the ``ROLLOUT_REBALANCE_*`` variables (declared, with their
+defaults and ranges, in :mod:`npu_rl.settings`; ``python -m npu_rl.settings`` lists them) plus the
+rollout facts the load balancer needs."""
 
 from __future__ import annotations
 
@@ -25,21 +8,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from npu_rl.errors import NpuRlError
+from npu_rl import settings as _settings
 
 SWITCH = "ROLLOUT_REBALANCE_ENABLE"
-PARAMS = (
-    "ROLLOUT_REBALANCE_ORDER",
-    "ROLLOUT_REBALANCE_PREDICT",
-    "ROLLOUT_REBALANCE_KEEP_GROUPS",
-    "ROLLOUT_REBALANCE_DP_RANKS",
-    "ROLLOUT_REBALANCE_MAX_INFLIGHT",
-    "ROLLOUT_REBALANCE_GATHER_S",
-    "ROLLOUT_REBALANCE_EMA_DECAY",
-    "ROLLOUT_REBALANCE_PRIOR_LEN",
-    "ROLLOUT_REBALANCE_MAX_ATTEMPTS",
-    "ROLLOUT_REBALANCE_METRICS_FILE",
-)
+PARAMS = _settings.feature("rollout rebalance").params
 
 
 @dataclass(frozen=True)
@@ -70,32 +42,13 @@ class RebalanceSettings:
         return self.data_parallel_size if self.route_dp_ranks and self.data_parallel_size > 1 else 1
 
 
-def _flag(env: Mapping[str, str], key: str, default: bool) -> bool:
-    from npu_rl.features import require_flag
-
-    return require_flag(env, key, default)
-
-
-def _number(env: Mapping[str, str], key: str, default: float, kind: type, low: float) -> float:
-    raw = env.get(key, "").strip()
-    if not raw:
-        return default
-    try:
-        v = kind(raw)
-    except ValueError:
-        raise NpuRlError(f"{key}={raw!r} is not a {kind.__name__}: e.g. {key}={default}") from None
-    if v < low:
-        raise NpuRlError(f"{key}={raw!r} must be >= {low}")
-    return v
-
-
 def enabled(env: Mapping[str, str] | None = None) -> bool:
     """True when ``ROLLOUT_REBALANCE_ENABLE`` is on.
 
     Raises:
-        NpuRlError: the value is not a boolean word.
+        SettingsError: the value is not a boolean word.
     """
-    return _flag(os.environ if env is None else env, SWITCH, False)
+    return _settings.get(SWITCH, env)
 
 
 def settings_from(
@@ -105,34 +58,27 @@ def settings_from(
     data_parallel_size: int = 1,
     response_length: int = 0,
 ) -> RebalanceSettings:
-    """Read every ``ROLLOUT_REBALANCE_*`` parameter (defaults in the module docstring).
+    """Read every ``ROLLOUT_REBALANCE_*`` parameter; a prior length of 0 becomes ``response_length / 4``.
 
     Raises:
-        NpuRlError: a value of the wrong type or range, naming the variable and an example.
+        SettingsError: a value of the wrong type or range, naming the variable and the allowed values.
     """
-    env = os.environ if env is None else env
-    order = env.get("ROLLOUT_REBALANCE_ORDER", "longest").strip() or "longest"
-    if order not in ("longest", "fifo"):
-        raise NpuRlError(f"ROLLOUT_REBALANCE_ORDER={order!r}: use 'longest' (default) or 'fifo'")
-    dp_raw = env.get("ROLLOUT_REBALANCE_DP_RANKS", "auto").strip().lower() or "auto"
-    route_dp = True if dp_raw == "auto" else _flag(env, "ROLLOUT_REBALANCE_DP_RANKS", True)
-    decay = _number(env, "ROLLOUT_REBALANCE_EMA_DECAY", 0.5, float, 0.0)
-    if decay >= 1.0:
-        raise NpuRlError(f"ROLLOUT_REBALANCE_EMA_DECAY={decay} must be < 1 (e.g. 0.5)")
-    prior = _number(env, "ROLLOUT_REBALANCE_PRIOR_LEN", 0.0, float, 0.0)
+    v = _settings.values("rollout rebalance", os.environ if env is None else env)
+    prior = v["ROLLOUT_REBALANCE_PRIOR_LEN"]
     if prior == 0.0:
         prior = response_length / 4 if response_length > 0 else 4096.0
+    dp_ranks = v["ROLLOUT_REBALANCE_DP_RANKS"]
     return RebalanceSettings(
-        order=order,
-        predict=_flag(env, "ROLLOUT_REBALANCE_PREDICT", True),
-        keep_groups=_flag(env, "ROLLOUT_REBALANCE_KEEP_GROUPS", False),
-        route_dp_ranks=route_dp,
-        max_inflight=int(_number(env, "ROLLOUT_REBALANCE_MAX_INFLIGHT", 0, int, 0)),
-        gather_s=_number(env, "ROLLOUT_REBALANCE_GATHER_S", 0.5, float, 0.0),
-        ema_decay=decay,
-        prior_len=prior,
-        max_attempts=int(_number(env, "ROLLOUT_REBALANCE_MAX_ATTEMPTS", 3, int, 1)),
-        metrics_file=env.get("ROLLOUT_REBALANCE_METRICS_FILE", "").strip(),
+        order=v["ROLLOUT_REBALANCE_ORDER"],
+        predict=v["ROLLOUT_REBALANCE_PREDICT"],
+        keep_groups=v["ROLLOUT_REBALANCE_KEEP_GROUPS"],
+        route_dp_ranks=True if dp_ranks == "auto" else dp_ranks,
+        max_inflight=v["ROLLOUT_REBALANCE_MAX_INFLIGHT"],
+        gather_s=v["ROLLOUT_REBALANCE_GATHER_S"],
+        ema_decay=v["ROLLOUT_REBALANCE_EMA_DECAY"],
+        prior_len=float(prior),
+        max_attempts=v["ROLLOUT_REBALANCE_MAX_ATTEMPTS"],
+        metrics_file=v["ROLLOUT_REBALANCE_METRICS_FILE"],
         max_num_seqs=int(max_num_seqs),
         data_parallel_size=int(data_parallel_size),
     )

@@ -39,9 +39,9 @@ KWARG = "npu_rl_reshard"
 
 
 def _flag(env: Mapping[str, str], key: str) -> bool:
-    from npu_rl.features import require_flag
+    from npu_rl import settings
 
-    return require_flag(env, key)
+    return settings.get(key, env)
 
 
 def reshard_enabled(config_value: Any = False, env: Mapping[str, str] | None = None) -> bool:
@@ -78,15 +78,11 @@ def reshard_settings(env: Mapping[str, str]) -> tuple[int | None, bool]:
     ``ALL_TO_ALL_RESHARD_BUCKET_MB`` and ``USE_ALLTOALL_OVERLAP``; the preflight calls it too.
 
     Raises:
-        NpuRlError: the bucket size is not a positive number of MiB, or the overlap flag not a boolean.
+        SettingsError: the bucket size is not a positive number of MiB, or the overlap flag not a boolean.
     """
-    raw = env.get(BUCKET_MB, "").strip()
-    try:
-        mib = float(raw) if raw else None
-    except ValueError:
-        mib = float("nan")
-    if mib is not None and not mib > 0:  # also NaN
-        raise NpuRlError(f"{BUCKET_MB}={raw!r} is not a positive number of MiB: e.g. {BUCKET_MB}=256, or unset it")
+    from npu_rl import settings
+
+    mib = settings.get(BUCKET_MB, env)  # declared in npu_rl.settings: a positive number of MiB, or unset
     return (int(mib * (1 << 20)) if mib is not None else None), _flag(env, OVERLAP)
 
 

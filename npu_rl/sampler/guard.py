@@ -15,14 +15,13 @@ see ``docs/resampler.md`` for what is wired into verl.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from npu_rl.features import env_flag
+from npu_rl import settings
 
 __all__ = ["ENV", "GuardParams", "LongTailGuard", "ServerGuard", "server_guard", "stragglers_to_abort"]
 
@@ -54,24 +53,15 @@ class GuardParams:
     def from_env(cls, env: Mapping[str, str] | None = None) -> GuardParams | None:
         """The guard's parameters when ``VLLM_ROLLOUT_EARLY_STOP_ENABLE`` is on, else None.
 
-        Raises ValueError naming the variable for a value that is not a boolean / number / in range.
+        Every variable is read even when the guard is off, so a bad value is named before it matters.
+
+        Raises:
+            SettingsError (a ValueError): a value that is not a boolean / number / in range, naming the
+                variable and the allowed values.
         """
-        env = os.environ if env is None else env
-        flag = env_flag(env, ENV["enable"])
-        if flag is None:
-            raise ValueError(f"{ENV['enable']}={env[ENV['enable']]!r} is not a boolean: set it to 1 or 0")
-        values = {}
-        for field, kind in (("factor", float), ("min_tokens", int), ("finished_fraction", float)):
-            raw = env.get(ENV[field], "").strip()
-            if raw:
-                try:
-                    values[field] = kind(raw)
-                except ValueError:
-                    raise ValueError(
-                        f"{ENV[field]}={raw!r} is not a{'n integer' if kind is int else ' number'}"
-                    ) from None
-        params = cls(**values)
-        return params if flag else None
+        v = settings.values("long-tail guard", env)
+        params = cls(**{field: v[name] for field, name in ENV.items() if field != "enable"})
+        return params if v[ENV["enable"]] else None
 
 
 def stragglers_to_abort(finished: np.ndarray, running: np.ndarray, params: GuardParams) -> np.ndarray:
@@ -130,6 +120,8 @@ class LongTailGuard:
 
     def finish(self, request_id: str, length: int, aborted: bool = False) -> None:
         self._running.pop(request_id, None)
+        if request_id in self._cut and not aborted:
+            del self._cut[request_id]  # the abort came too late: the response ended on its own, whole
         if request_id in self._cut:
             self._cut[request_id] = int(length)
         elif not aborted:
@@ -205,10 +197,10 @@ class ServerGuard:
 
     def end(self, request_id: str, n_tokens: int, aborted: bool) -> bool:
         """The request returned with ``n_tokens``; True when the guard cut it (report it as truncated:
-        ``stop_reason="length"``, so verl's client does not resume it as a paused partial rollout)."""
-        cut = self.guard.was_cut(request_id)
+        ``stop_reason="length"``, so verl's client does not resume it as a paused partial rollout).
+        A request the guard chose that still ended on its own (not ``aborted``: too late) is no cut."""
         self.guard.finish(request_id, n_tokens, aborted=aborted)
-        return cut
+        return self.guard.was_cut(request_id)
 
 
 def server_guard(server, request_id: str) -> ServerGuard | None:

@@ -18,9 +18,10 @@ This module imports neither vllm nor torch: the preflight checks recipes with it
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from npu_rl import settings
 
 # Why 32: a draft of k tokens makes every decode step verify (k + 1) tokens per request. Decode on
 # an A3 die stays bound by reading weights and KV while a step carries up to ~128 tokens, so with
@@ -74,17 +75,17 @@ def resolve(
     min_match: object = None,
     env: Mapping[str, str] | None = None,
 ) -> SamSettings:
-    """Check and resolve the SAM keys (None = not set). Raises ValueError naming the offending key."""
-    env = os.environ if env is None else env
+    """Check and resolve the SAM keys (None = not set). Raises ValueError naming the offending key
+    (:class:`~npu_rl.settings.SettingsError`, a ValueError, for the env alias)."""
     k = num_speculative_tokens
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"num_speculative_tokens={k!r}: method 'sam' needs the draft length, an integer >= 1 (e.g. 3)")
-    alias = env.get(ENV_ALIAS, "").strip()
+    alias = settings.get(ENV_ALIAS, env)  # an integer >= 1, "always", "never", or None when unset
     if threshold is None:
-        max_batch = parse_threshold(alias, ENV_ALIAS) if alias else DEFAULT_BATCH_SIZE_THRESHOLD
+        max_batch = parse_threshold(alias, ENV_ALIAS) if alias is not None else DEFAULT_BATCH_SIZE_THRESHOLD
     else:
         max_batch = parse_threshold(threshold)
-        if alias and parse_threshold(alias, ENV_ALIAS) != max_batch:
+        if alias is not None and parse_threshold(alias, ENV_ALIAS) != max_batch:
             raise ValueError(
                 f"{ENV_ALIAS}={alias} disagrees with speculative_config.sam_batch_size_threshold={threshold}: "
                 f"keep one ({ENV_ALIAS} is the reference recipe's name for the same setting)"
