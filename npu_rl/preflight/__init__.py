@@ -117,7 +117,6 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         report.warn(key, msg, fix)
     if any(f.config and f.config[0] == f"{checks.A}.recompute_old_log_prob" for f in feats.on):
         checks.check_skip_old_log_prob(cfg, report)
-    checks.check_rollout_hygiene(env, report)
     check_spec_decode(cfg, env, report)
     check_rollout_rebalance(cfg, env, report)
     with memo.stage("libraries", report) as run:

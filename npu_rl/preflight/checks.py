@@ -581,22 +581,6 @@ def check_skip_old_log_prob(cfg, report: Report) -> None:
         report.error(key, message, fix)
 
 
-def check_rollout_hygiene(env: Mapping[str, str], report: Report) -> None:
-    """The engine-GC and rollout-progress variables parse as the engine and the trainer will parse them
-    (``npu_rl.engine_gc.from_env``, ``npu_rl.rollout_progress.from_env``): a bad value would otherwise
-    surface as an exception inside vLLM's engine-core process or the trainer, after the cluster started."""
-    from npu_rl import engine_gc, rollout_progress
-    from npu_rl.errors import NpuRlError
-
-    for mod, params in ((engine_gc, (engine_gc.EVERY, engine_gc.MAX_GEN0, engine_gc.FULL_GROWTH)),
-                        (rollout_progress, (rollout_progress.INTERVAL,))):  # fmt: skip
-        try:
-            mod.from_env(env)
-        except NpuRlError as e:
-            key = next((p for p in params if str(e).startswith(p)), mod.SWITCH)
-            report.error(key, str(e), "see docs/onpolicy.md")
-
-
 def check_random_init(cfg, report: Report) -> None:
     """Random init keeps Megatron's initial weights: the rollout must not load a checkpoint either
     (``load_format=dummy``), and rewards mean nothing (throughput runs only)."""
