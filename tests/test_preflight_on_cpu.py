@@ -474,17 +474,91 @@ def test_reshard_tuning_values_and_backend_are_checked():
     from npu_rl.preflight.report import Report
 
     report = Report()
-    cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"checkpoint_engine": {"backend": "nccl"}}}})
+    cfg = OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "actor": {"strategy": "megatron", "megatron": {"vanilla_mbridge": True}},
+                "rollout": {"name": "vllm", "checkpoint_engine": {"backend": "nccl"}},
+            }
+        }
+    )
     env = {"ALL_TO_ALL_RESHARD_BUCKET_MB": "-4", "USE_ALLTOALL_OVERLAP": "2"}
     checks.check_reshard_settings(cfg, env, report)
     e = {p.key: p for p in report.errors}
     assert "not a positive number of MiB" in e["ALL_TO_ALL_RESHARD_BUCKET_MB"].message
     assert "not a boolean" in e["USE_ALLTOALL_OVERLAP"].message
-    assert "backend=nccl: it would never run" in e["ALL_TO_ALL_RESHARD"].message
+    backend = e["actor_rollout_ref.rollout.checkpoint_engine.backend"]
+    assert "backend=nccl: it would never run" in backend.message and "backend=naive" in backend.fix
     report = Report()
     cfg.actor_rollout_ref.rollout.checkpoint_engine.backend = "naive"
     checks.check_reshard_settings(cfg, {"ALL_TO_ALL_RESHARD_BUCKET_MB": "256"}, report)
     assert not report.errors
+
+
+# The reshard's layout from recipes/qwen3-30b-a3b/grpo_16die.sh (train TP4 EP16 ETP1, rollout TP4 x DP4 EP16).
+RESHARD_30B = [
+    "actor_rollout_ref.model.path=/nonexistent/Qwen3-30B-A3B",
+    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
+    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1",
+    "actor_rollout_ref.actor.megatron.expert_model_parallel_size=16",
+    "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
+    "actor_rollout_ref.rollout.data_parallel_size=4",
+    "actor_rollout_ref.rollout.expert_parallel_size=16",
+    "trainer.nnodes=1",
+]
+VLLM = "actor_rollout_ref.rollout.engine_kwargs.vllm"
+# (extra overrides, the key the error names, a word of its fix)
+RESHARD_DROPPED = [
+    ((), "actor_rollout_ref.actor.megatron.vanilla_mbridge", "vanilla_mbridge=True"),
+    (
+        (
+            "actor_rollout_ref.actor.megatron.vanilla_mbridge=True",
+            "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+        ),
+        "actor_rollout_ref.rollout.checkpoint_engine.backend",
+        "backend=naive",
+    ),
+    (
+        ("actor_rollout_ref.actor.megatron.vanilla_mbridge=True", f"+{VLLM}.enable_eplb=True"),
+        f"{VLLM}.enable_eplb",
+        "drop it",
+    ),
+    (
+        ("actor_rollout_ref.actor.megatron.vanilla_mbridge=True", f"+{VLLM}.expert_placement_strategy=round_robin"),
+        f"{VLLM}.expert_placement_strategy",
+        "linear is the default",
+    ),
+    (
+        (
+            "actor_rollout_ref.actor.megatron.vanilla_mbridge=True",
+            f"+{VLLM}.additional_config.eplb_config.dynamic_eplb=True",
+        ),
+        f"{VLLM}.additional_config.eplb_config.dynamic_eplb",
+        "drop it",
+    ),
+    (
+        (
+            "actor_rollout_ref.actor.megatron.vanilla_mbridge=True",
+            f"+{VLLM}.additional_config.eplb_config.num_redundant_experts=16",
+        ),
+        f"{VLLM}.additional_config.eplb_config.num_redundant_experts",
+        "drop it",
+    ),
+]
+
+
+@pytest.mark.parametrize("extra,key,fix", RESHARD_DROPPED, ids=[d[1].rsplit(".", 1)[-1] for d in RESHARD_DROPPED])
+def test_reshard_switched_on_but_dropped_is_an_error_naming_the_key(extra, key, fix):
+    """Every setting under which the weight sync would drop or mis-send the switched-on reshard is refused
+    (the run-time twin: tests/test_reshard_verl_on_cpu.py); the recipe's own settings are not."""
+    env = {**ENV_2X16, "NPUS_PER_NODE": "16", "NNODES": "1", "ALL_TO_ALL_RESHARD": "1"}
+    mine = {p.key: p for p in check(*RESHARD_30B, *extra, env=env).report.errors if "reshard" in p.message.lower()}
+    assert set(mine) == {key}, mine
+    assert mine[key].message.startswith("ALL_TO_ALL_RESHARD is on, but") and fix in mine[key].fix
+    assert "unset ALL_TO_ALL_RESHARD" in mine[key].fix
+    good = check(*RESHARD_30B, "actor_rollout_ref.actor.megatron.vanilla_mbridge=True", env=env)
+    assert not [p for p in good.report.errors if "reshard" in p.message.lower() or p.key == "ALL_TO_ALL_RESHARD"]
 
 
 def test_readme_holds_each_generated_table_once():

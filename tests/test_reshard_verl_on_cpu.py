@@ -176,41 +176,216 @@ def _check_vllm_maps(names: list[str]) -> None:
         assert hits == [(int(n.split(".")[5]), shard[n.split(".")[6]])], (n, hits)
 
 
-def test_update_weights_passes_the_rollout_layout_only_when_switched_on(monkeypatch):
+def _worker_env(monkeypatch):
+    """verl's ActorRolloutRefWorker module with the device-memory helpers stubbed (no accelerator here)."""
     import verl.workers.engine_workers as ew
 
     for name in ("set_expandable_segments", "aggressive_empty_cache", "log_gpu_memory_usage"):
-        monkeypatch.setattr(ew, name, lambda *a, **k: None)  # device-memory helpers
+        monkeypatch.setattr(ew, name, lambda *a, **k: None)
     # verl 0.9.1 synchronises and empties the device cache after the sync: no accelerator here
     device = types.SimpleNamespace(synchronize=lambda *a: None, empty_cache=lambda: None)
     monkeypatch.setattr(ew, "get_torch_device", lambda: device)
-    calls, loaded = [], []
+    for k in ("ALL_TO_ALL_RESHARD", "USE_ALLTOALL_OVERLAP", "ALL_TO_ALL_RESHARD_BUCKET_MB"):
+        monkeypatch.delenv(k, raising=False)
+    return ew
 
-    class Engine:
+
+def _recording(engine_cls, calls: list, vanilla: bool = True, runs_reshard: bool = True):
+    """An engine object of ``engine_cls`` (no ``__init__``) whose export records its kwargs and, with
+    ``runs_reshard``, marks them as ``hook.export_weights`` does when its exchange ran to the end."""
+
+    class Recording(engine_cls):
         is_param_offload_enabled = False
 
         def get_per_tensor_param(self, **kwargs):
-            calls.append(kwargs)
+            calls.append({k: dict(v) if isinstance(v, dict) else v for k, v in kwargs.items()})
+            if runs_reshard and hook.KWARG in kwargs:
+                kwargs[hook.KWARG]["received"] = 1
             return iter([("w", torch.ones(1))]), None
 
+    engine = object.__new__(Recording)
+    engine.vanilla_bridge = vanilla
+    return engine
+
+
+def _worker(ew, rollout_cfg, engine, loaded: list):
     class Rollout:
         async def update_weights(self, weights, **kwargs):
             loaded.extend(weights)
 
+    worker = object.__new__(ew.ActorRolloutRefWorker)
+    worker.config = OmegaConf.create({"rollout": rollout_cfg})
+    worker.actor = types.SimpleNamespace(engine=engine)
+    worker.rollout, worker.peft_merge, worker.layered_summon, worker.base_sync_done = Rollout(), False, False, True
+    return worker
+
+
+def test_update_weights_passes_the_rollout_layout_only_when_switched_on(monkeypatch):
+    from verl.workers.engine.megatron.transformer_impl import MegatronEngine
+
+    ew = _worker_env(monkeypatch)
+    calls, loaded, returned = [], [], []
     for on, env in ((False, {}), (True, {}), (False, {"ALL_TO_ALL_RESHARD": "1"})):
-        worker = object.__new__(ew.ActorRolloutRefWorker)
-        worker.config = OmegaConf.create({"rollout": _rollout_cfg(on, tp=4, dp=8)})
-        worker.actor = types.SimpleNamespace(engine=Engine())
-        worker.rollout, worker.peft_merge, worker.layered_summon, worker.base_sync_done = Rollout(), False, False, True
-        for k in ("ALL_TO_ALL_RESHARD", "USE_ALLTOALL_OVERLAP", "ALL_TO_ALL_RESHARD_BUCKET_MB"):
-            monkeypatch.delenv(k, raising=False)
+        worker = _worker(ew, _rollout_cfg(on, tp=4, dp=8), _recording(MegatronEngine, calls), loaded)
         for k, v in env.items():
             monkeypatch.setenv(k, v)
-        asyncio.run(ew.ActorRolloutRefWorker.update_weights.__wrapped__(worker, mode="naive"))
+        returned.append(asyncio.run(ew.ActorRolloutRefWorker.update_weights.__wrapped__(worker, mode="naive")))
+    # the step metric: verl's None when off, the active flag when the export resharded
+    assert returned == [None, {hook.ACTIVE_METRIC: 1.0}, {hook.ACTIVE_METRIC: 1.0}]
     assert hook.KWARG not in calls[0]
     assert calls[1][hook.KWARG] == calls[2][hook.KWARG]
     assert calls[1][hook.KWARG] == {"rollout": RolloutLayout(tp=4, dp=8, ep=32), "bucket_bytes": None, "overlap": False}
     assert len(loaded) == 3
+
+
+def _eplb(**vllm):
+    cfg = _rollout_cfg(True, tp=4, dp=8)
+    cfg.engine_kwargs = {"vllm": vllm}
+    return cfg
+
+
+# (what is wrong, rollout config, engine class path, vanilla_mbridge, mode, key named in the error)
+DROPPED = [
+    ("Megatron-Bridge (verl's default)", _rollout_cfg(True), "megatron", False, "naive", "megatron.vanilla_mbridge"),
+    ("FSDP engine", _rollout_cfg(True), "fsdp", False, "naive", "actor.strategy"),
+    ("non-naive backend", _rollout_cfg(True), "megatron", True, "nccl", "checkpoint_engine.backend"),
+    ("sglang rollout", OmegaConf.merge(_rollout_cfg(True), {"name": "sglang"}), "megatron", True, "naive", "name"),
+    ("vLLM EPLB", _eplb(enable_eplb=True), "megatron", True, "naive", "vllm.enable_eplb"),
+    (
+        "vLLM redundant experts",
+        _eplb(eplb_config={"num_redundant_experts": 2}),
+        "megatron",
+        True,
+        "naive",
+        "eplb_config.num_redundant_experts",
+    ),
+    ("round-robin placement", _eplb(expert_placement_strategy="round_robin"), "megatron", True, "naive", "placement"),
+    (
+        "vllm-ascend dynamic EPLB",
+        _eplb(additional_config={"eplb_config": {"dynamic_eplb": True}}),
+        "megatron",
+        True,
+        "naive",
+        "additional_config.eplb_config.dynamic_eplb",
+    ),
+    (
+        "vllm-ascend expert map (JSON string)",
+        _eplb(additional_config='{"eplb_config": {"expert_map_path": "/x/map.json"}}'),
+        "megatron",
+        True,
+        "naive",
+        "additional_config.eplb_config.expert_map_path",
+    ),
+    (
+        "vllm-ascend redundant experts",
+        _eplb(additional_config={"eplb_config": {"num_redundant_experts": 16}}),
+        "megatron",
+        True,
+        "naive",
+        "additional_config.eplb_config.num_redundant_experts",
+    ),
+    (
+        "vllm-ascend mix placement",
+        _eplb(additional_config={"mix_placement": True}),
+        "megatron",
+        True,
+        "naive",
+        "additional_config.mix_placement",
+    ),
+]
+
+
+def _engine_cls(kind: str):
+    if kind == "fsdp":
+        from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
+
+        return FSDPEngine
+    from verl.workers.engine.megatron.transformer_impl import MegatronEngine
+
+    return MegatronEngine
+
+
+@pytest.mark.parametrize("what,rollout_cfg,engine,vanilla,mode,key", DROPPED, ids=[d[0] for d in DROPPED])
+def test_update_weights_refuses_a_switched_on_reshard_it_would_drop(
+    monkeypatch, what, rollout_cfg, engine, vanilla, mode, key
+):
+    """No silent no-op: the switch on and the path that honours it not taken is a loud error before any
+    weight moves; the same settings with the switch off sync as before."""
+    ew = _worker_env(monkeypatch)
+    calls, loaded = [], []
+
+    async def send_weights(*a, **k):  # a non-naive backend: the checkpoint engine would send instead
+        loaded.append("sent")
+        return {}
+
+    worker = _worker(ew, rollout_cfg, _recording(_engine_cls(engine), calls, vanilla), loaded)
+    worker.checkpoint_engine = types.SimpleNamespace(send_weights=send_weights)
+    with pytest.raises(NpuRlError, match="is on but this weight sync would not do it") as err:
+        asyncio.run(ew.ActorRolloutRefWorker.update_weights.__wrapped__(worker, mode=mode))
+    assert key in str(err.value) and "unset ALL_TO_ALL_RESHARD" in str(err.value)
+    assert calls == [] and loaded == []  # nothing exported, nothing loaded
+    worker.config.rollout.checkpoint_engine.expert_reshard = False
+    asyncio.run(ew.ActorRolloutRefWorker.update_weights.__wrapped__(worker, mode=mode))
+    assert loaded and all(hook.KWARG not in c for c in calls)
+
+
+def test_an_export_that_takes_the_kwargs_and_ignores_them_is_a_loud_error_after_the_sync(monkeypatch):
+    """The second guard, independent of the engine's class: the sync checks that the export ran the reshard."""
+    from verl.workers.engine.megatron.transformer_impl import MegatronEngine
+
+    ew = _worker_env(monkeypatch)
+    calls, loaded = [], []
+    engine = _recording(MegatronEngine, calls, vanilla=True, runs_reshard=False)
+    worker = _worker(ew, _rollout_cfg(True), engine, loaded)
+    with pytest.raises(NpuRlError, match="did not run the reshard"):
+        asyncio.run(ew.ActorRolloutRefWorker.update_weights.__wrapped__(worker, mode="naive"))
+    assert hook.KWARG in calls[0]
+
+
+def test_the_active_metric_reaches_the_step_metrics(monkeypatch):
+    """update_weights' return -> CheckpointEngineManager (naive) -> PPOTrainerSync.on_step_end ->
+    _consume_sync_metrics, which fit() merges into the step's metrics."""
+    import verl.checkpoint_engine.base as base
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    for workers, want in (([None, None], {}), ([{hook.ACTIVE_METRIC: 1.0}] * 2, {hook.ACTIVE_METRIC: 1.0})):
+        manager = object.__new__(base.CheckpointEngineManager)
+        manager.backend = "naive"
+        manager.actor_wg = types.SimpleNamespace(update_weights=lambda workers=workers, **k: workers)
+        monkeypatch.setattr(base.ray, "get", lambda refs: refs)
+        trainer = object.__new__(PPOTrainerSync)
+        trainer.checkpoint_manager, trainer.timing_raw, trainer.global_steps = manager, {}, 3
+        trainer.on_step_end()
+        assert trainer._consume_sync_metrics() == want
+        assert trainer._consume_sync_metrics() == {}  # consumed once
+
+
+def test_the_findings_the_run_time_check_guards_against():
+    """Why update_weights checks before exporting: verl's own exports drop the kwarg without a word."""
+    import inspect
+
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
+    from verl.workers.engine.megatron import transformer_impl as ti
+
+    # Megatron with Megatron-Bridge (vanilla_mbridge=False, verl's default): export_hf_weights, kwarg dropped
+    engine = object.__new__(ti.MegatronEngine)
+    engine.peft_cls, engine.vanilla_bridge, engine._qat_enabled = None, False, False
+    engine.model_config = types.SimpleNamespace(lora={})
+    engine._hf_export_tasks, engine.module = None, []
+    marker = iter([("all-gathered", torch.zeros(1))])
+    engine.bridge = types.SimpleNamespace(get_conversion_tasks=lambda m: [], export_hf_weights=lambda *a, **k: marker)
+    load = ti.load_megatron_model_to_gpu
+    ti.load_megatron_model_to_gpu = lambda *a, **k: None
+    try:
+        out, _ = engine.get_per_tensor_param(base_sync_done=True, **{hook.KWARG: {"rollout": RolloutLayout(tp=2)}})
+    finally:
+        ti.load_megatron_model_to_gpu = load
+    assert out is marker
+    # FSDP takes **kwargs and never reads them
+    assert "kwargs" in inspect.signature(FSDPEngine.get_per_tensor_param).parameters
+    assert "kwargs[" not in inspect.getsource(FSDPEngine.get_per_tensor_param)
+    assert hook.engine_kind(engine) == ("megatron", False)
+    assert hook.engine_problems(*hook.engine_kind(engine))[0][0].endswith("megatron.vanilla_mbridge")
 
 
 def test_switch_values():

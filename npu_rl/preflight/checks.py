@@ -391,24 +391,25 @@ def check_layout(cfg, lay: TrainLayout, roll: RolloutLayout, model: ModelFacts, 
 
 
 def check_reshard_settings(cfg, env: Mapping[str, str], report: Report) -> None:
-    """The reshard's tuning variables parse as the weight sync will parse them, and the sync it hooks
-    (the colocated ``checkpoint_engine.backend=naive``) is the one the recipe uses."""
+    """The reshard's tuning variables parse as the weight sync will parse them, and nothing in the recipe
+    makes the sync drop or mis-send a switched-on reshard: the same rules the weight sync raises on at run
+    time (:func:`npu_rl.reshard.hook.sync_problems`, :func:`~npu_rl.reshard.hook.engine_problems`): the
+    colocated ``checkpoint_engine.backend=naive``, a vLLM rollout, the Megatron engine with
+    ``vanilla_mbridge=True`` (verl's default, Megatron-Bridge, ignores it), no EPLB, redundant experts,
+    expert map file or non-linear expert placement (the planner sends vLLM's linear expert map)."""
     from npu_rl.errors import NpuRlError
-    from npu_rl.reshard.hook import BUCKET_MB, OVERLAP, reshard_settings
+    from npu_rl.reshard.hook import BUCKET_MB, OVERLAP, engine_problems, reshard_settings, sync_problems
 
     for key in (BUCKET_MB, OVERLAP):  # one at a time, so that both are reported
         try:
             reshard_settings({key: env[key]} if key in env else {})
         except NpuRlError as e:
             report.error(key, str(e))
-    backend = sel(cfg, f"{R}.checkpoint_engine.backend", "naive")
-    if str(backend) != "naive":
-        report.error(
-            "ALL_TO_ALL_RESHARD",
-            f"the reshard hooks the colocated weight sync (checkpoint_engine.backend=naive), but the recipe "
-            f"uses backend={backend}: it would never run",
-            f"set {R}.checkpoint_engine.backend=naive, or unset ALL_TO_ALL_RESHARD",
-        )
+    problems = sync_problems(sel(cfg, R, {}) or {})
+    strategy = str(sel(cfg, f"{A}.strategy", "fsdp"))
+    problems += engine_problems(strategy, bool(sel(cfg, f"{A}.{strategy}.vanilla_mbridge", False)))
+    for key, msg, fix in problems:
+        report.error(key, f"ALL_TO_ALL_RESHARD is on, but {msg}", fix)
 
 
 def check_reshard_layout(lay: TrainLayout, roll: RolloutLayout, model: ModelFacts, report: Report) -> None:
@@ -420,8 +421,7 @@ def check_reshard_layout(lay: TrainLayout, roll: RolloutLayout, model: ModelFact
         report.error(key, "the reshard moves MoE experts; this model is dense", "unset ALL_TO_ALL_RESHARD")
         return
     if lay.engine not in ("megatron", "mindspeed"):
-        report.error(key, f"the reshard exports from the Megatron engine, not {lay.engine}", "model_engine=megatron")
-        return
+        return  # check_reshard_settings names the engine (actor_rollout_ref.actor.strategy); no Megatron layout here
     train = plan.TrainLayout(world=lay.world, tp=lay.tp, pp=lay.pp, ep=lay.ep, etp=lay.etp, cp=lay.cp)
     rollout = plan.RolloutLayout(tp=roll.tp, dp=roll.dp, pp=roll.pp, ep=roll.ep)
     for where, msg, fix in plan.layout_problems(train, rollout, model.experts, model.moe_intermediate or None):

@@ -8,6 +8,11 @@ engine for ``get_per_tensor_param``; with ``vanilla_mbridge=True`` that is mbrid
 non-expert parameters still come from mbridge (told to skip the experts: the mbridge patch adds that
 argument) and the experts from :func:`~npu_rl.reshard.exchange.exchange_experts`.
 
+No silent no-op: :func:`reshard_kwargs` raises when the switch is on but the sync would drop or mis-send
+it (:func:`sync_problems`, :func:`engine_problems`; the preflight runs the same rules), and
+:func:`sync_metrics`, after the sync, raises when the export did not run it and otherwise gives the step
+metric :data:`ACTIVE_METRIC`.
+
 Switch: ``actor_rollout_ref.rollout.checkpoint_engine.expert_reshard=True`` or ``ALL_TO_ALL_RESHARD=1``
 (the reference recipe's name). Tuning: ``ALL_TO_ALL_RESHARD_BUCKET_MB`` (bytes each rank sends and
 receives per collective; default one expert per rank per collective, the least memory),
@@ -36,6 +41,7 @@ CONFIG_KEY = "actor_rollout_ref.rollout.checkpoint_engine.expert_reshard"
 OVERLAP = "USE_ALLTOALL_OVERLAP"
 BUCKET_MB = "ALL_TO_ALL_RESHARD_BUCKET_MB"
 KWARG = "npu_rl_reshard"
+ACTIVE_METRIC = "npu_rl/reshard/active"  # 1.0 in a step's metrics when the sync resharded the experts
 
 
 def _flag(env: Mapping[str, str], key: str) -> bool:
@@ -54,15 +60,32 @@ def reshard_enabled(config_value: Any = False, env: Mapping[str, str] | None = N
     return bool(config_value) or _flag(env, SWITCH)
 
 
-def reshard_kwargs(rollout_config: Any, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+def reshard_kwargs(
+    rollout_config: Any, env: Mapping[str, str] | None = None, engine: Any = None, backend: str | None = None
+) -> dict[str, Any]:
     """Keyword arguments ``update_weights`` adds to ``get_per_tensor_param``: ``{}`` when off, else the
     rollout layout under :data:`KWARG`. ``rollout_config`` is verl's rollout section (DictConfig or
     ``RolloutConfig``): ``tensor_model_parallel_size``, ``data_parallel_size``,
-    ``pipeline_model_parallel_size``, ``expert_parallel_size``, ``checkpoint_engine.expert_reshard``."""
+    ``pipeline_model_parallel_size``, ``expert_parallel_size``, ``checkpoint_engine.expert_reshard``,
+    ``name``, ``engine_kwargs.vllm``. ``engine`` is the training engine whose ``get_per_tensor_param``
+    gets the kwargs, ``backend`` the sync mode ``update_weights`` resolved (default: the config's).
+
+    Raises:
+        NpuRlError: the switch is on but the sync would not honour it (:func:`sync_problems`,
+            :func:`engine_problems`): a switched-on reshard never silently falls back to the all-gather.
+    """
     env = os.environ if env is None else env
     ckpt = _get(rollout_config, "checkpoint_engine", None)
     if not reshard_enabled(_get(ckpt, "expert_reshard", False) if ckpt is not None else False, env):
         return {}
+    problems = sync_problems(rollout_config, backend)
+    if engine is not None:
+        problems += engine_problems(*engine_kind(engine))
+    if problems:
+        raise NpuRlError(
+            f"{SWITCH} / {CONFIG_KEY} is on but this weight sync would not do it: "
+            + "; ".join(f"{k}: {m} ({f})" for k, m, f in problems)
+        )
     layout = RolloutLayout(
         tp=int(_get(rollout_config, "tensor_model_parallel_size", 1)),
         dp=int(_get(rollout_config, "data_parallel_size", 1)),
@@ -84,6 +107,158 @@ def reshard_settings(env: Mapping[str, str]) -> tuple[int | None, bool]:
 
     mib = settings.get(BUCKET_MB, env)  # declared in npu_rl.settings: a positive number of MiB, or unset
     return (int(mib * (1 << 20)) if mib is not None else None), _flag(env, OVERLAP)
+
+
+# vLLM / vllm-ascend 0.23 settings that move experts off vLLM's linear expert map (``determine_expert_map``,
+# which the planner assumes): a rank would be sent experts its loader skips (``FusedMoE.weight_loader``
+# returns False for a non-local id) while the ones it holds keep their stale weights.
+_OFF_LINEAR = "the planner sends each rank the experts of vLLM's linear expert map"
+
+
+def sync_problems(rollout_config: Any, backend: str | None = None) -> list[tuple[str, str, str]]:
+    """Every reason the rollout side would drop or mis-send a switched-on reshard, as (key, message, fix).
+
+    ``rollout_config`` is verl's rollout section; ``backend`` the sync mode (default: its
+    ``checkpoint_engine.backend``). Read by the preflight (``check_reshard_settings``) and at run time by
+    :func:`reshard_kwargs`: the colocated ``naive`` sync is the only one the patch hooks; vLLM is the only
+    rollout whose loader skips non-local experts as the reshard needs; EPLB (vLLM's ``enable_eplb`` and
+    ``eplb_config.num_redundant_experts``, vllm-ascend's ``additional_config.eplb_config``:
+    ``dynamic_eplb``, ``expert_map_path``, ``expert_map_record_path``, ``num_redundant_experts``), a
+    non-linear ``expert_placement_strategy`` and vllm-ascend's ``mix_placement`` all change which experts a
+    rank holds (vllm-ascend 0.23.0.post1 ``eplb_utils.init_eplb_config`` builds the linear map only without
+    them, and ignores ``expert_placement_strategy``: forwarding round-robin to the planner would be wrong).
+    """
+    r = "actor_rollout_ref.rollout"
+    ckpt = _get(rollout_config, "checkpoint_engine", None)
+    backend = str(backend if backend is not None else _get(ckpt, "backend", "naive"))
+    p: list[tuple[str, str, str]] = []
+    if backend != "naive":
+        p.append(
+            (
+                f"{r}.checkpoint_engine.backend",
+                f"the reshard hooks the colocated weight sync (backend=naive), but the sync uses backend={backend}: "
+                "it would never run",
+                f"set {r}.checkpoint_engine.backend=naive, or unset {SWITCH}",
+            )
+        )
+    name = str(_get(rollout_config, "name", "vllm"))
+    if name != "vllm":
+        p.append(
+            (
+                f"{r}.name",
+                f"rollout {name!r}: the reshard relies on vLLM's loader skipping non-local experts",
+                f"set {r}.name=vllm, or unset {SWITCH}",
+            )
+        )
+    kw = _mapping(_get(_get(rollout_config, "engine_kwargs", None), "vllm", None))
+    vk = f"{r}.engine_kwargs.vllm"
+    if kw.get("enable_eplb"):
+        p.append(
+            (
+                f"{vk}.enable_eplb",
+                f"vLLM's EPLB moves experts between ranks; {_OFF_LINEAR}",
+                f"drop it, or unset {SWITCH}",
+            )
+        )
+    if int(_mapping(kw.get("eplb_config")).get("num_redundant_experts") or 0):
+        p.append(
+            (
+                f"{vk}.eplb_config.num_redundant_experts",
+                f"redundant experts add physical expert slots; {_OFF_LINEAR}",
+                f"set it to 0, or unset {SWITCH}",
+            )
+        )
+    placement = kw.get("expert_placement_strategy")
+    if placement not in (None, "linear"):
+        p.append(
+            (
+                f"{vk}.expert_placement_strategy",
+                f"{placement!r}: {_OFF_LINEAR} (vllm-ascend builds the linear map whatever this says, upstream vLLM "
+                "only sometimes)",
+                f"drop it (linear is the default), or unset {SWITCH}",
+            )
+        )
+    extra = _mapping(kw.get("additional_config"))
+    ascend = _mapping(extra.get("eplb_config"))
+    ak = f"{vk}.additional_config.eplb_config"
+    for key, why in (
+        ("dynamic_eplb", "vllm-ascend's dynamic EPLB moves experts between ranks"),
+        ("expert_map_path", "an expert map file places experts (and redundant copies) off the linear map"),
+        ("expert_map_record_path", "recording an expert map turns vllm-ascend's dynamic EPLB on"),
+        ("num_redundant_experts", "redundant experts add physical expert slots"),
+    ):
+        if ascend.get(key):
+            p.append((f"{ak}.{key}", f"{why}; {_OFF_LINEAR}", f"drop it, or unset {SWITCH}"))
+    if extra.get("mix_placement"):
+        p.append(
+            (
+                f"{vk}.additional_config.mix_placement",
+                f"vllm-ascend places shared experts among the routed ones; {_OFF_LINEAR}",
+                f"drop it, or unset {SWITCH}",
+            )
+        )
+    return p
+
+
+def engine_problems(strategy: str, vanilla_mbridge: bool) -> list[tuple[str, str, str]]:
+    """Why the training engine would drop the reshard's kwargs, as (key, message, fix).
+
+    Only verl 0.9.1's ``MegatronEngine.get_per_tensor_param`` (also MindSpeed's, inherited) with
+    ``vanilla_mbridge=True`` calls :func:`export_weights`; with Megatron-Bridge (verl's default,
+    ``vanilla_mbridge=False``) it exports through ``export_hf_weights`` and ignores them, and FSDP,
+    TorchTitan, VeOmni and AutoModel take ``**kwargs`` and ignore them too.
+    """
+    a = "actor_rollout_ref.actor"
+    if strategy not in ("megatron", "mindspeed"):
+        return [
+            (
+                f"{a}.strategy",
+                f"the {strategy} engine's get_per_tensor_param ignores the reshard: only the Megatron engine's "
+                "vanilla-mbridge export does it",
+                f"train with {a}.strategy=megatron and {a}.megatron.vanilla_mbridge=True, or unset {SWITCH}",
+            )
+        ]
+    if not vanilla_mbridge:
+        return [
+            (
+                f"{a}.{strategy}.vanilla_mbridge",
+                "False (verl's default: Megatron-Bridge's export_hf_weights), which ignores the reshard: only the "
+                "vanilla mbridge export does it",
+                f"set {a}.{strategy}.vanilla_mbridge=True, or unset {SWITCH}",
+            )
+        ]
+    return []
+
+
+def engine_kind(engine: Any) -> tuple[str, bool]:
+    """(strategy, vanilla mbridge?) of a verl training engine object, from its class and its
+    ``vanilla_bridge`` attribute (what ``MegatronEngine.get_per_tensor_param`` branches on)."""
+    names = {c.__name__ for c in type(engine).__mro__}
+    if any(n.startswith("Mindspeed") for n in names):
+        strategy = "mindspeed"
+    elif "MegatronEngine" in names:
+        strategy = "megatron"
+    else:
+        strategy = type(engine).__name__
+    return strategy, getattr(engine, "vanilla_bridge", False) is True
+
+
+def _mapping(value: Any) -> Mapping:
+    """A config node as a mapping: ``{}`` for None, a JSON string parsed (vLLM takes dict options as JSON)."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        import json
+
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    if isinstance(value, Mapping):
+        return value
+    if hasattr(value, "items"):
+        return dict(value.items())
+    return {}
 
 
 def _get(node: Any, key: str, default: Any) -> Any:
@@ -111,7 +286,33 @@ def _export_resharded(bridge: Any, models: list, opts: Mapping[str, Any]) -> Ite
 
     yield from bridge.export_weights(models, skip=is_expert_param)
     plan, local = local_expert_shards(bridge, models, opts["rollout"], opts.get("bucket_bytes"))
-    yield from exchange_experts(plan, local, overlap=bool(opts.get("overlap")))
+    received = 0
+    for item in exchange_experts(plan, local, overlap=bool(opts.get("overlap"))):
+        received += 1
+        yield item
+    if isinstance(opts, dict):  # the kwargs update_weights holds: sync_metrics reads that the reshard ran
+        opts["received"] = received
+
+
+def sync_metrics(kwargs: Mapping[str, Any]) -> dict[str, float]:
+    """After the colocated sync, what ``update_weights`` returns for the step's metrics: ``{}`` when the
+    reshard is off (``kwargs`` from :func:`reshard_kwargs` empty), ``{ACTIVE_METRIC: 1.0}`` when the
+    engine's export ran the exchange to the end.
+
+    Raises:
+        NpuRlError: the reshard was on but the export never ran it (an engine that took the kwargs and
+            ignored them): the experts came from the all-gather path or not at all.
+    """
+    opts = kwargs.get(KWARG)
+    if opts is None:
+        return {}
+    if "received" not in opts:
+        raise NpuRlError(
+            f"{SWITCH} / {CONFIG_KEY} is on but the training engine's get_per_tensor_param did not run the "
+            "reshard (npu_rl.reshard.hook.export_weights): only verl's Megatron engine with vanilla_mbridge=True "
+            f"does; switch to it, or unset {SWITCH}"
+        )
+    return {ACTIVE_METRIC: 1.0}
 
 
 def local_expert_shards(
