@@ -571,7 +571,7 @@ def settings_table() -> str:
 
 def help_text() -> str:
     """Every feature variable, grouped by feature: what ``python -m npu_rl.settings --help`` lists."""
-    out = [f"readers: {', '.join(f'{k} = {v}' for k, v in READERS.items())}", ""]
+    out = ["read by:", *(f"  {k:6}  {v}" for k, v in READERS.items()), ""]
     for f in FEATURES:
         if not f.settings:
             continue
@@ -603,9 +603,9 @@ def main(argv: list[str] | None = None) -> int:
         print(help_text())
         return 0
     st = check(os.environ, lambda _key: None)
-    for key, msg, fix in st.errors + st.warnings:
-        kind = "error" if (key, msg, fix) in st.errors else "warning"
-        print(f"{kind}: {key}: {msg}" + (f"\n    fix: {fix}" if fix else ""), file=sys.stderr)
+    for kind, found in (("error", st.errors), ("warning", st.warnings)):
+        for key, msg, fix in found:
+            print(f"{kind}: {key}: {msg}" + (f"\n    fix: {fix}" if fix else ""), file=sys.stderr)
     print(f"features switched on here: {', '.join(f.name for f in st.on) or 'none'}")
     return 1 if st.errors else 0
 

@@ -236,3 +236,19 @@ def test_each_module_imports_first_in_a_fresh_interpreter(first):
     code = f"import {first}, npu_rl.features, npu_rl.rebalance.settings; print('ok')"
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_the_cli_checks_this_environment_and_prints_the_tables(monkeypatch, capsys):
+    for name in settings.known_env():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NPU_RL_ENGINE_GC", "1")
+    assert settings.main(["--check"]) == 0
+    assert "features switched on here: no GC pauses in decode steps" in capsys.readouterr().out
+    monkeypatch.setenv("ROLLOUT_REBALANCE_ORDER", "shortest")
+    monkeypatch.setenv("NPU_RL_ENGINE_GC_EVRY", "3")
+    assert settings.main(["--check"]) == 1
+    err = capsys.readouterr().err
+    assert "error: ROLLOUT_REBALANCE_ORDER: ROLLOUT_REBALANCE_ORDER='shortest' is not one of 'longest', 'fifo'" in err
+    assert "warning: NPU_RL_ENGINE_GC_EVRY:" in err and "did you mean NPU_RL_ENGINE_GC_EVERY?" in err
+    assert settings.main(["--table", "settings"]) == 0
+    assert capsys.readouterr().out == settings.settings_table() + "\n"
