@@ -217,12 +217,7 @@ def check_features(ev: Evidence) -> None:
     if "'class_name': 'LengthAwareEpochSampler'" in log:  # verl's config dump: data.sampler.class_name
         check_resampler(ev)
     if _on(env, "VLLM_ROLLOUT_EARLY_STOP_ENABLE"):
-        # The guard runs in the vLLM server actors: its per-step guard/* metrics are printed there
-        # (one line per server and step with cuts), and reach the trainer's metrics only if a
-        # future patch forwards them (guard/cut_count is counted too when present).
-        cuts = sum(float(c) for c in re.findall(r"long-tail guard, step \S+: \{[^}]*'guard/cut_count': ([0-9.]+)", log))
-        cuts += sum(ev.series("guard/cut_count"))
-        ev.add("long-tail guard", cuts > 0, f"responses cut (server log lines and guard/cut_count): {cuts:g}")
+        check_long_tail_guard(ev)
     if _on(env, "ROLLOUT_REBALANCE_ENABLE"):
         # targets are replica<i> or replica<i>#dp<r> (npu_rl.rebalance.verl_lb)
         target = re.compile(r"rollout_rebalance/(replica\d+(?:#dp\d+)?)/requests")
@@ -246,6 +241,35 @@ def check_features(ev: Evidence) -> None:
     if _on(env, "NPU_RL_ENGINE_GC"):
         on = len(re.findall(r"engine GC guard on", log))
         ev.add("engine GC", on > 0, f"guard announced by {on} engine core(s)")
+
+
+GUARD_METRICS = "npu_rl/long_tail_guard/"
+
+
+def check_long_tail_guard(ev: Evidence) -> None:
+    """The long-tail guard cut responses. When the run logged the guard's step metrics
+    (``npu_rl/long_tail_guard/*``: verl patch 0007 carries each response's verdict to the V1
+    trainer), they are the evidence: ``active`` at every step, every step's responses carrying a
+    verdict (``responses`` > 0: the verdicts were not lost on the way) and ``cuts`` > 0 over the run.
+    A run without them (from before the metrics): the per-step lines the vLLM servers print."""
+    n = len(ev.steps)
+    active = ev.series(GUARD_METRICS + "active")
+    if active:
+        responses, cuts = ev.series(GUARD_METRICS + "responses"), ev.series(GUARD_METRICS + "cuts")
+        ev.add(
+            "long-tail guard",
+            len(active) == n
+            and all(a == 1.0 for a in active)
+            and len(responses) == n
+            and all(r > 0 for r in responses)
+            and sum(cuts) > 0,
+            f"{GUARD_METRICS}active at {len(active)}/{n} steps; responses with a verdict per step "
+            f"{_fmt(responses)}; cuts per step {_fmt(cuts)}",
+        )
+        return
+    pattern = r"long-tail guard, step \S+: \{[^}]*'guard/cut_count': ([0-9.]+)"
+    cuts = sum(float(c) for c in re.findall(pattern, ev.log))
+    ev.add("long-tail guard", cuts > 0, f"responses cut (server log lines; no {GUARD_METRICS}* metrics): {cuts:g}")
 
 
 def check_resampler(ev: Evidence) -> None:

@@ -214,3 +214,42 @@ def test_resampler_evidence_matches_the_sampler_at_bucket_edges(tmp_path, capsys
     steps = [_step(i, sampler__table_coverage=1.0) for i in range(1, 5)]
     assert e2e.main(["check", str(_run_dir(tmp_path, [dump, epoch0, epoch1, *steps]))]) == 0
     assert "ascending: True" in capsys.readouterr().out
+
+
+GUARD_ON = {"VLLM_ROLLOUT_EARLY_STOP_ENABLE": "1"}
+
+
+def _guard_step(n: int, cuts: float, responses: float = 40.0) -> str:
+    g = "npu_rl/long_tail_guard/"
+    return _step(n, **{g + "active": 1.0, g + "cuts": cuts, g + "responses": responses, g + "cut_fraction": 0.1})
+
+
+def test_long_tail_guard_metrics_are_the_evidence(tmp_path, capsys):
+    run = _run_dir(
+        tmp_path, [_guard_step(1, 4.0), _guard_step(2, 0.0), _guard_step(3, 2.0), _guard_step(4, 1.0)], GUARD_ON
+    )
+    assert e2e.main(["check", str(run), "--require", "long-tail guard"]) == 0
+    assert "ok      long-tail guard: npu_rl/long_tail_guard/active at 4/4 steps" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "lines, why",
+    [
+        ([_guard_step(i, 0.0) for i in range(1, 5)], "no cut in the run"),
+        ([_guard_step(1, 3.0), _guard_step(2, 0.0, responses=0.0), _guard_step(3, 1.0), _guard_step(4, 1.0)], "lost"),
+        ([_guard_step(1, 3.0), _step(2), _guard_step(3, 1.0), _guard_step(4, 1.0)], "a step without the metrics"),
+    ],
+)
+def test_long_tail_guard_metrics_that_show_no_work_fail(tmp_path, capsys, lines, why):
+    assert e2e.main(["check", str(_run_dir(tmp_path, lines, GUARD_ON))]) == 1, why
+    assert "MISSING long-tail guard: npu_rl/long_tail_guard/active" in capsys.readouterr().out
+
+
+def test_long_tail_guard_without_metrics_falls_back_to_the_server_lines(tmp_path, capsys):
+    lines = [_step(i) for i in range(1, 5)]
+    assert e2e.main(["check", str(_run_dir(tmp_path, lines, GUARD_ON))]) == 1
+    assert "MISSING long-tail guard: responses cut (server log lines" in capsys.readouterr().out
+    lines.append(
+        "(vLLMHttpServer pid=7) [npu-rl] long-tail guard, step 2: {'guard/cut_count': 3.0, 'guard/cut_fraction': 0.1}"
+    )
+    assert e2e.main(["check", str(_run_dir(tmp_path, lines, GUARD_ON))]) == 0

@@ -157,8 +157,8 @@ class ServerGuard:
     :meth:`observe` on every streamed (cumulative) vLLM output and :meth:`end` when the request
     returns. A new step starts when the server's ``global_steps`` changes (verl sets it at every
     weight sync); the finished step's ``guard/*`` metrics are logged then and kept in
-    :attr:`last_metrics`. ``abort`` is the server's ``abort_request`` (tokens so far come back with
-    finish reason "abort"); :meth:`decide` runs at most every ``interval_s`` seconds (it is O(running)).
+    :attr:`last_metrics`. ``abort`` is vLLM's ``AsyncLLM.abort`` (tokens so far come back with finish
+    reason "abort"); :meth:`decide` runs at most every ``interval_s`` seconds (it is O(running)).
     """
 
     def __init__(self, params: GuardParams, interval_s: float = 1.0, clock=None) -> None:
