@@ -236,12 +236,12 @@ def test_an_abort_that_comes_too_late_is_no_cut(guard_on):
 # -- what fails without the patch ------------------------------------------------------------------
 
 
-def generate_without(*patch_lines: str):
-    """The patched ``vLLMHttpServer.generate`` with the given source lines of the patch removed."""
+def generate_without(*patch_lines: str, replace_with: str = "pass"):
+    """The patched ``vLLMHttpServer.generate`` with the given source lines of the patch replaced."""
     src = textwrap.dedent(inspect.getsource(vLLMHttpServer.generate))
     for line in patch_lines:
         assert src.count(line) == 1, line
-        src = src.replace(line, "pass")
+        src = src.replace(line, replace_with)
     namespace: dict = {}
     exec(compile(src, server_mod.__file__, "exec"), vars(server_mod).copy(), namespace)
     return namespace["generate"]
@@ -385,9 +385,9 @@ def test_the_trainer_logs_nothing_of_the_guard_when_off(guard_off, monkeypatch):
 # -- vLLM's real engine ------------------------------------------------------------------------------
 
 ENGINE_SCRIPT = r"""
-import asyncio, json, os, sys
+import asyncio, json, os, sys, types
 sys.path.insert(0, os.environ["TEST_DIR"])
-from test_long_tail_guard_verl_on_cpu import make_server
+from test_long_tail_guard_verl_on_cpu import generate_without, make_server
 from npu_rl.sampler.guard import GuardParams, ServerGuard
 
 PLAN = {"short0": 4, "short1": 4, "short2": 4, "long": 200}
@@ -409,6 +409,13 @@ async def main(model):
         on = make_server(engine)
         on._npu_rl_long_tail_guard = ServerGuard(GuardParams.from_env(), interval_s=0.0)
         result = {"on": await step(on)}
+        # the patch as it was: the abort through verl's abort_request, which misses vLLM 0.23's internal ids
+        verl_abort = make_server(engine)
+        verl_abort._npu_rl_long_tail_guard = ServerGuard(GuardParams.from_env(), interval_s=0.0)
+        old = "abort = lambda rid: self.abort_request(rid, reset_prefix_cache=False)"
+        patched = generate_without("abort = self.engine.abort", replace_with=old)
+        verl_abort.generate = types.MethodType(patched, verl_abort)
+        result["verl_abort"] = await step(verl_abort)
         os.environ["VLLM_ROLLOUT_EARLY_STOP_ENABLE"] = "0"
         result["off"] = await step(make_server(engine))
         print("RESULT " + json.dumps(result), flush=True)
@@ -448,5 +455,14 @@ def test_the_guard_truncates_in_vllms_real_engine(tmp_path):
     # on: the straggler is cut soon after it passes max(1.5 x 4, 8) = 8 tokens, and reported as truncated
     assert 8 < on["long"]["n"] < 100 and on["long"]["n_logprobs"] == on["long"]["n"], on["long"]
     assert on["long"]["stop_reason"] == "length" and on["long"][CUT_KEY] is True
+    # the patch as it was (abort via verl's abort_request): nothing is aborted, the straggler runs to
+    # max_tokens (the guard, which then counted a cut and said "length", now sees it ended on its own)
+    assert res["verl_abort"]["long"] == {
+        "n": 200,
+        "n_logprobs": 200,
+        "stop_reason": "completed",
+        "global_steps": 5,
+        CUT_KEY: False,
+    }
     # off: upstream, the straggler runs to max_tokens
     assert off["long"] == {"n": 200, "n_logprobs": 200, "stop_reason": "completed", "global_steps": 5}
