@@ -180,6 +180,9 @@ def check_weight_sync(ev: Evidence, kl_abs: float, kl_ratio: float, probs_diff_m
     )
 
 
+# Features whose switch this checker sees but whose metrics the CPU job cannot produce (see UNCHECKED_SWITCHES).
+UNCHECKED_FEATURES = ("random init", "all-to-all-v MoE reshard")
+
 # Feature variables whose work leaves no trace this checker can read (they are not for the CPU job).
 UNCHECKED_SWITCHES = {
     "NPU_RL_RANDOM_INIT": "it acts on the Megatron engine only (verl patch 0002); nothing to see with FSDP",
@@ -272,6 +275,31 @@ def check_long_tail_guard(ev: Evidence) -> None:
     ev.add("long-tail guard", cuts > 0, f"responses cut (server log lines; no {GUARD_METRICS}* metrics): {cuts:g}")
 
 
+def check_active_metrics(ev: Evidence) -> None:
+    """Every switched-on feature said it is active in the step metrics (``npu_rl/<feature>/active`` = 1 at
+    every step: verl patch 0010 and the features' own paths, :mod:`npu_rl.feature_metrics`), and no
+    ``active`` metric reads 0."""
+    from npu_rl import feature_metrics, settings
+
+    expected = {f.name for f in settings.FEATURES if f.env is not None and _on(ev.env, f.env)}
+    if "'class_name': 'LengthAwareEpochSampler'" in ev.log:
+        expected.add("length-aware resampler")
+    if skips_old_log_prob(ev):
+        expected.add("skip old-log-prob recompute")
+    expected -= set(UNCHECKED_FEATURES)
+    if not expected:
+        return
+    n = len(ev.steps)
+    counts = {}
+    for name in sorted(expected):
+        vals = ev.series(feature_metrics.metric(name))
+        counts[feature_metrics.SLUGS[name]] = (sum(v == 1.0 for v in vals), len(vals))
+    zero = sorted(k for _, m in ev.steps.items() for k, v in m.items() if k.endswith("/active") and v == 0.0)
+    ok = n > 0 and all(ones == n for ones, _ in counts.values()) and not zero
+    shown = ", ".join(f"{slug} {ones}/{n}" for slug, (ones, _) in counts.items())
+    ev.add("active metrics", ok, f"npu_rl/<feature>/active = 1 at: {shown}" + (f"; 0 at: {zero}" if zero else ""))
+
+
 def check_resampler(ev: Evidence) -> None:
     """The length-aware resampler learned and used the lengths: ``sampler/*`` metrics at every step,
     and from the second epoch on an order that differs from the first and whose generation batches
@@ -342,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     check_training(ev, a.min_steps)
     check_weight_sync(ev, a.kl_abs, a.kl_ratio, a.probs_diff_max)
     check_features(ev)
+    check_active_metrics(ev)
     unknown = sorted(set(a.require) - set(FEATURE_CHECKS))
     if unknown:
         print(

@@ -97,16 +97,23 @@ def test_required_feature_that_is_off_fails(tmp_path, capsys):
     assert "MISSING long-tail guard: required, but not switched on" in capsys.readouterr().out
 
 
+ACTIVE_RB = {"npu_rl/rollout_rebalance/active": 1.0}
+
+
 def test_rebalance_needs_requests_on_two_targets_every_step(tmp_path, capsys):
     env = {"ROLLOUT_REBALANCE_ENABLE": "1"}
     both = [
-        _step(i, rollout_rebalance__replica0__requests=20.0, rollout_rebalance__replica1__requests=20.0)
+        _step(i, rollout_rebalance__replica0__requests=20.0, rollout_rebalance__replica1__requests=20.0, **ACTIVE_RB)
         for i in range(1, 5)
     ]
     assert e2e.main(["check", str(_run_dir(tmp_path, both, env))]) == 0
     capsys.readouterr()
     dp = [
-        _step(i, **{"rollout_rebalance/replica0#dp0/requests": 10.0, "rollout_rebalance/replica0#dp1/requests": 30.0})
+        _step(
+            i,
+            **{"rollout_rebalance/replica0#dp0/requests": 10.0, "rollout_rebalance/replica0#dp1/requests": 30.0},
+            **ACTIVE_RB,
+        )
         for i in range(1, 5)
     ]
     assert e2e.main(["check", str(_run_dir(tmp_path, dp, env))]) == 0  # DP-rank targets count as targets
@@ -147,7 +154,12 @@ def test_skip_old_log_prob_run(tmp_path, capsys):
     config_dump = "(TaskRunnerV1 pid=1)   'actor': {'recompute_old_log_prob': False,"
     lines = [config_dump]
     for i in range(1, 3):
-        line = _step(i, actor__training__rollout_probs_diff_mean=1e-6, actor__training__rollout_probs_diff_max=2e-5)
+        line = _step(
+            i,
+            actor__training__rollout_probs_diff_mean=1e-6,
+            actor__training__rollout_probs_diff_max=2e-5,
+            npu_rl__skip_old_log_prob__active=1.0,
+        )
         lines.append(line.replace(" - rollout_corr/kl:1e-05", ""))
     run = _run_dir(tmp_path, lines)
     assert e2e.main(["check", str(run), "--min-steps", "2", "--require", "skip old-log-prob"]) == 0
@@ -176,7 +188,7 @@ def test_resampler_evidence_from_epoch_lines(tmp_path, capsys):
     epoch0 = epoch_line(0, np.array([0, 1, 2, 3]), unknown, 0, params)
     good = epoch_line(1, np.array([1, 3, 2, 0]), learned, 0, params)  # buckets [0, 0], [2, 3]
     bad = epoch_line(1, np.array([0, 1, 2, 3]), learned, 0, params)  # same order, buckets [3, 0], [2, 0]
-    steps = [_step(i, sampler__table_coverage=1.0) for i in range(1, 5)]
+    steps = [_step(i, sampler__table_coverage=1.0, npu_rl__resampler__active=1.0) for i in range(1, 5)]
     assert e2e.main(["check", str(_run_dir(tmp_path, [dump, epoch0, good, *steps]))]) == 0
     assert "ascending: True" in capsys.readouterr().out
     assert e2e.main(["check", str(_run_dir(tmp_path, [dump, epoch0, bad, *steps]))]) == 1
@@ -211,7 +223,7 @@ def test_resampler_evidence_matches_the_sampler_at_bucket_edges(tmp_path, capsys
     dump = "(TaskRunnerV1 pid=1) 'sampler': {'class_name': 'LengthAwareEpochSampler',"
     epoch0 = epoch_line(0, np.arange(20), np.full(20, np.nan), 0, params)
     epoch1 = epoch_line(1, order, predicted, tail, params)
-    steps = [_step(i, sampler__table_coverage=1.0) for i in range(1, 5)]
+    steps = [_step(i, sampler__table_coverage=1.0, npu_rl__resampler__active=1.0) for i in range(1, 5)]
     assert e2e.main(["check", str(_run_dir(tmp_path, [dump, epoch0, epoch1, *steps]))]) == 0
     assert "ascending: True" in capsys.readouterr().out
 
@@ -252,4 +264,29 @@ def test_long_tail_guard_without_metrics_falls_back_to_the_server_lines(tmp_path
     lines.append(
         "(vLLMHttpServer pid=7) [npu-rl] long-tail guard, step 2: {'guard/cut_count': 3.0, 'guard/cut_fraction': 0.1}"
     )
-    assert e2e.main(["check", str(_run_dir(tmp_path, lines, GUARD_ON))]) == 0
+    # the server lines still count as the guard's cuts, but a run whose trainer never logged
+    # npu_rl/long_tail_guard/active (a verl without patch 0007's metrics) fails the active check
+    assert e2e.main(["check", str(_run_dir(tmp_path, lines, GUARD_ON))]) == 1
+    out = capsys.readouterr().out
+    assert "ok      long-tail guard: responses cut (server log lines" in out
+    assert "MISSING active metrics: npu_rl/<feature>/active = 1 at: long_tail_guard 0/4" in out
+
+
+def test_every_switched_on_feature_must_say_it_is_active(tmp_path, capsys):
+    env = {"NPU_RL_ROLLOUT_PROGRESS": "1", "NPU_RL_ENGINE_GC": "1"}
+    progress = "(TaskRunnerV1 pid=1) rollout train: 40/40 responses"
+    gc = "(EngineCore pid=3) [npu-rl] engine GC guard on (NPU_RL_ENGINE_GC=1): ..."
+    both = {"npu_rl/rollout_progress/active": 1.0, "npu_rl/engine_gc/active": 1.0}
+    lines = [progress, gc, *[_step(i, **both) for i in range(1, 5)]]
+    assert e2e.main(["check", str(_run_dir(tmp_path, lines, env))]) == 0
+    assert "ok      active metrics: npu_rl/<feature>/active = 1 at: engine_gc 4/4, rollout_progress 4/4" in (
+        capsys.readouterr().out
+    )
+    # one step without the engine GC metric: the feature did not say it was active there
+    lines[3] = _step(2, **{"npu_rl/rollout_progress/active": 1.0})
+    assert e2e.main(["check", str(_run_dir(tmp_path, lines, env))]) == 1
+    assert "MISSING active metrics: npu_rl/<feature>/active = 1 at: engine_gc 3/4" in capsys.readouterr().out
+    # a feature that reports itself inactive fails even when not required
+    lines[3] = _step(2, **both, **{"npu_rl/rollout_rebalance/active": 0.0})
+    assert e2e.main(["check", str(_run_dir(tmp_path, lines, env))]) == 1
+    assert "0 at: ['npu_rl/rollout_rebalance/active']" in capsys.readouterr().out
