@@ -20,7 +20,7 @@ def check_spec_decode(cfg, env: Mapping[str, str], report: Report) -> str | None
     spec = sel(cfg, PREFIX, None)
     method = str(sel(cfg, f"{PREFIX}.method", "") or "")
     if method.lower() != "sam":
-        # ENV_ALIAS set while SAM is off: warned by npu_rl.features.feature_state (every feature's params)
+        # ENV_ALIAS set while SAM is off: warned by npu_rl.settings.check (every feature's tuning variables)
         for key in KEYS:
             if sel(cfg, f"{PREFIX}.{key}", None) is not None:
                 report.warn(f"{PREFIX}.{key}", f"only the SAM drafter reads it, but method is {method or 'unset'}")

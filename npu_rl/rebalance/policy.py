@@ -156,7 +156,7 @@ class DispatchPolicy:
         kv_budget: float | None = None,
     ):
         if kv_budget is not None and kv_budget <= 0:
-            raise NpuRlError(f"kv_budget must be > 0 tokens, got {kv_budget} (ROLLOUT_REBALANCE_KV_TOKENS)")
+            raise NpuRlError(f"kv_budget must be > 0 tokens, got {kv_budget} (a simulator setting, no variable)")
         self.kv_budget = kv_budget
         if order not in ORDERS:
             raise NpuRlError(f"dispatch order {order!r} unknown: use one of {ORDERS} (ROLLOUT_REBALANCE_ORDER)")
