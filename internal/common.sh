@@ -71,5 +71,9 @@ common::python() {
 common::run_module() {
     local py
     py="$(common::python)"
+    # A signal while the interpreter itself starts (site, .pth files: before npu_rl.entry's first
+    # line) would end it with CPython's raw KeyboardInterrupt traceback: ignored for those
+    # milliseconds; npu_rl.entry installs its handlers first thing (a second Ctrl-C acts).
+    trap '' INT TERM HUP
     PYTHONPATH="$NPU_RL_ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$py" -P -m npu_rl.entry "$@"
 }

@@ -13,6 +13,7 @@ never stopped, and end with the same length table.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -288,7 +289,15 @@ def test_resume_from_any_checkpoint_continues_the_uninterrupted_order(run, tmp_p
     assert not diverged, f"resumed at step k: {diverged}"
 
 
-def test_restore_at_epoch_boundary_leaves_other_samplers_and_foreign_checkpoints_alone(parquet, tok, tmp_path, caplog):
+def test_restore_at_epoch_boundary_leaves_other_samplers_and_foreign_checkpoints_alone(
+    parquet, tok, tmp_path, caplog, monkeypatch
+):
+    # an earlier test in the same process may have run a logging dictConfig that disabled existing
+    # loggers (the full suite did: caplog saw nothing); this test reads the sampler's own warning
+    sampler_log = logging.getLogger("npu_rl.sampler")
+    monkeypatch.setattr(sampler_log, "disabled", False)
+    monkeypatch.setattr(sampler_log, "propagate", True)
+    caplog.set_level(logging.WARNING, logger="npu_rl.sampler")
     from torchdata.stateful_dataloader import StatefulDataLoader
     from verl.trainer.ppo.utils import create_rl_sampler
     from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
