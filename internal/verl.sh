@@ -62,6 +62,7 @@ verl::fast_path() {
     ((seqs <= max_seqs)) || seqs="$max_seqs"
     ((seqs >= 1)) || seqs=1
     sizes="$(verl::capture_sizes "$seqs" $((1 + spec)))"
+    # shellcheck disable=SC2034 # FAST_PATH is the result: the recipe that called this passes it to run_verl
     FAST_PATH=(
         "+actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config.cudagraph_mode=$mode"
         "actor_rollout_ref.rollout.cudagraph_capture_sizes=$sizes"
