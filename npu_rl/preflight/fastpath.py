@@ -259,7 +259,7 @@ def rollout_environment(cfg, env: Mapping[str, str]) -> dict[str, str]:
     verl's worker extension sets when unset (``VLLM_ASCEND_REQUIRED_ENV_VARS``: ``VLLM_ASCEND_ENABLE_NZ=0``)."""
     from verl.workers.rollout.vllm_rollout.utils import VLLM_ASCEND_REQUIRED_ENV_VARS
 
-    from npu_rl.preflight.libraries import _plain
+    from npu_rl.preflight.libraries import _plain, environ
 
     merged = {**env, **{k: str(v) for k, v in (_plain(sel(cfg, RUNTIME_ENV, {}) or {})).items()}}
     job = {
@@ -267,24 +267,13 @@ def rollout_environment(cfg, env: Mapping[str, str]) -> dict[str, str]:
         for k, v in merged.items()
         if k.startswith(("VLLM_", "ASCEND_", "PYTORCH_NPU_", "HCCL_")) or k in ("TASK_QUEUE_ENABLE", "SOC_VERSION")
     }
-    with _environ(job):
+    with environ(job):
         from verl.plugin.platform.platform_npu import PlatformNPU
 
         job.update(PlatformNPU.rollout_env_vars(PlatformNPU.__new__(PlatformNPU)))
     for key, value in VLLM_ASCEND_REQUIRED_ENV_VARS.items():
         job.setdefault(key, value)
     return job
-
-
-@contextlib.contextmanager
-def _environ(values: Mapping[str, str]) -> Iterator[None]:
-    saved = dict(os.environ)
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 @contextlib.contextmanager

@@ -933,15 +933,20 @@ def _vllm_version() -> str:
 
 
 @contextlib.contextmanager
-def _offline() -> Iterator[None]:
-    """No hub access while the libraries read configs (a dry run reads local files only); env restored."""
+def environ(values: Mapping[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``values`` set for the block; the whole environment restored afterwards."""
     saved = dict(os.environ)
-    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    os.environ.update(values)
     try:
         yield
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+def _offline() -> contextlib.AbstractContextManager:
+    """No hub access while the libraries read configs (a dry run reads local files only); env restored."""
+    return environ({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
 
 
 def _import_libraries() -> None:
