@@ -1,32 +1,81 @@
 # shellcheck shell=bash
 # The recipe contract. A recipe sources this file, builds arrays of Hydra overrides and ends with
-#     run_verl "${ARGS[@]}" "$@"
-# which trains (python -m verl.trainer.main_ppo) or, when the launcher runs the recipe in plan mode
-# (NPU_RL_MODE=plan: --dry-run, and the head before it starts Ray), runs the preflight on the same
-# overrides instead. No PATH shims: the same function, one branch. A recipe outside the repository
-# finds this file through NPU_RL_ROOT, which the launcher exports:
+#     run_verl [--trainer sync|fully_async|one_step_off] "${ARGS[@]}" "$@"
+# which trains with verl's entry point for that trainer or, when the launcher runs the recipe in plan
+# mode (NPU_RL_MODE=plan: --dry-run, and the head before it starts Ray), runs the preflight on the
+# same overrides instead. No PATH shims: the same function, one branch. A recipe outside the
+# repository finds this file through NPU_RL_ROOT, which the launcher exports:
 #     source "${NPU_RL_ROOT:-$(dirname "${BASH_SOURCE[0]}")/../..}/internal/verl.sh"
+# Trainers (docs/async.md), each a Hydra app of the pinned verl with its own config folder:
+#   sync          python -m verl.trainer.main_ppo (config ppo_trainer; default)
+#   fully_async   python -m verl.experimental.fully_async_policy.fully_async_main
+#                 (config fully_async_ppo_trainer; Megatron: --config-name=fully_async_ppo_megatron_trainer)
+#   one_step_off  python -m verl.experimental.one_step_off_policy.main_ppo
+#                 (config one_step_off_ppo_trainer; Megatron: --config-name=one_step_off_ppo_megatron_trainer)
+# The experimental configs (all but fully_async_ppo_trainer) find verl's base config through the
+# searchpath file://verl/trainer/config, which Hydra resolves against the working directory (verl's
+# own scripts run from its checkout): run_verl passes hydra.searchpath=[pkg://verl.trainer.config]
+# (what fully_async_ppo_trainer.yaml itself says) so that they compose from any directory.
 
 NPU_RL_ROOT="${NPU_RL_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
 
+# The module verl runs for trainer $1 (NPU_RL_TRAINERS lists them); 2 for another name.
+verl::trainer_module() {
+    case "$1" in
+        sync) printf '%s\n' verl.trainer.main_ppo ;;
+        fully_async) printf '%s\n' verl.experimental.fully_async_policy.fully_async_main ;;
+        one_step_off) printf '%s\n' verl.experimental.one_step_off_policy.main_ppo ;;
+        *) return 2 ;;
+    esac
+}
+NPU_RL_TRAINERS="sync fully_async one_step_off"
+
 run_verl() {
-    local py="${NPU_RL_TRAIN_PYTHON:-python3}"
+    local py="${NPU_RL_TRAIN_PYTHON:-python3}" trainer=sync module a
+    local -a extra=()
     if [[ -n "${NPU_RL_SOURCING_ENV:-}" ]]; then
         # Reached while the launcher sources its ENV_SCRIPT: that script is a train script.
         printf '[npu-rl] error: %s\n' "run_verl was reached while the launcher sourced ENV_SCRIPT $NPU_RL_SOURCING_ENV (${BASH_SOURCE[1]:-?}:${BASH_LINENO[0]}): it is a train script, not a node environment; nothing was trained. The train script comes first: bash ray_start_npu.sh [--dry-run] TRAIN_SCRIPT ENV_SCRIPT" >&2
         _NRL_REFUSED=1
         exit 2
     fi
+    case "${1:-}" in
+        --trainer)
+            trainer="${2:-}"
+            shift $(($# < 2 ? $# : 2))
+            ;;
+        --trainer=*)
+            trainer="${1#--trainer=}"
+            shift
+            ;;
+    esac
+    if ! module="$(verl::trainer_module "$trainer")"; then
+        printf '[npu-rl] error: run_verl --trainer %q (%s:%s): no such trainer; choose one of: %s (docs/async.md)\n' \
+            "$trainer" "${BASH_SOURCE[1]:-?}" "${BASH_LINENO[0]}" "${NPU_RL_TRAINERS// /, }" >&2
+        _NRL_REFUSED=1
+        exit 2
+    fi
+    for a in "$@"; do
+        if [[ "$a" == --trainer || "$a" == --trainer=* ]]; then
+            printf '[npu-rl] error: run_verl got %s after the overrides (%s:%s): --trainer must be the first argument, before the overrides: run_verl --trainer %s OVERRIDES...\n' \
+                "$a" "${BASH_SOURCE[1]:-?}" "${BASH_LINENO[0]}" "${NPU_RL_TRAINERS// /|}" >&2
+            _NRL_REFUSED=1
+            exit 2
+        fi
+    done
+    if [[ "$trainer" != sync ]]; then
+        extra=("hydra.searchpath=[pkg://verl.trainer.config]")
+    fi
     # Plan mode is the launcher's NPU_RL_MODE=plan or its preflight mark: a recipe that resets one
     # still gets the preflight, never main_ppo.
     if [[ "${NPU_RL_MODE:-run}" == plan || -n "${NPU_RL_PLAN_MARK:-}" ]]; then
         PYTHONPATH="$NPU_RL_ROOT${PYTHONPATH:+:$PYTHONPATH}" \
-            "$py" -P -m npu_rl.preflight check --recipe "${NPU_RL_RECIPE:-$0}" -- "$@"
+            "$py" -P -m npu_rl.preflight check --trainer "$trainer" --recipe "${NPU_RL_RECIPE:-$0}" -- "${extra[@]}" "$@"
     elif [[ -n "${NPU_RL_RUN_DIR:-}" ]]; then
         # Under the launcher, Hydra's output folder goes into the run's log directory.
-        "$py" -P -m verl.trainer.main_ppo "hydra.run.dir=$NPU_RL_RUN_DIR/hydra" "$@"
+        "$py" -P -m "$module" "hydra.run.dir=$NPU_RL_RUN_DIR/hydra" "${extra[@]}" "$@"
     else
-        "$py" -P -m verl.trainer.main_ppo "$@"
+        "$py" -P -m "$module" "${extra[@]}" "$@"
     fi
 }
 

@@ -66,15 +66,17 @@ class Result:
         return "\n".join(out)
 
 
-def run_preflight(args: list[str], env: Mapping[str, str]) -> Result:
-    """Check the ``main_ppo`` command line ``args`` (Hydra flags + overrides) for the job in ``env``.
+def run_preflight(args: list[str], env: Mapping[str, str], trainer: str = "sync") -> Result:
+    """Check the command line ``args`` (Hydra flags + overrides) of ``trainer``'s entry point (``sync``:
+    ``main_ppo``; ``fully_async``, ``one_step_off``: :mod:`npu_rl.preflight.async_trainers`) for the job
+    in ``env``.
 
     ``env`` supplies NNODES / NPUS_PER_NODE (the launcher's topology) and the feature switches.
     Never raises for a bad recipe: every problem is in ``Result.report``.
     """
     report = Report()
     try:
-        cli = split_cli(args)
+        cli = split_cli(args, trainer)
     except (ValueError, StopIteration) as e:
         report.error("command line", str(e) or "a Hydra flag is missing its value")
         return Result(report)

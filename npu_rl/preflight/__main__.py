@@ -7,6 +7,7 @@ import sys
 
 from npu_rl import REPO_ROOT
 from npu_rl.preflight import run_preflight
+from npu_rl.preflight.async_trainers import TRAINERS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -14,10 +15,16 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["check"]:
         p = argparse.ArgumentParser(prog="python -m npu_rl.preflight check")
         p.add_argument("--recipe", default="", help="recipe path, for messages")
+        p.add_argument(
+            "--trainer",
+            default="sync",
+            choices=sorted(TRAINERS),
+            help="the entry point run_verl runs (run_verl --trainer; docs/async.md)",
+        )
         p.add_argument("args", nargs=argparse.REMAINDER, help="-- then the main_ppo command line")
         a = p.parse_args(argv[1:])
         args = a.args[1:] if a.args[:1] == ["--"] else a.args
-        result = run_preflight(args, os.environ)
+        result = run_preflight(args, os.environ, a.trainer)
         cli = [o for o in os.environ.get("NPU_RL_CLI_OVERRIDES", "").split("\n") if o]
         dropped = [o for o in cli if o not in args]
         if dropped:

@@ -51,19 +51,26 @@ class Cli:
     config_name: str
     config_dir: Path
     overrides: list[str]
+    trainer: str = "sync"  # run_verl --trainer (npu_rl.preflight.async_trainers)
     injected: list[str] = field(default_factory=list)  # feature keys this verl lacks, composed anyway
     # check_overrides' composition of the config-group overrides alone, reused by compose_config
     base: Any = field(default=None, repr=False)
     base_groups: tuple[str, ...] = ()
 
 
-def split_cli(args: list[str]) -> Cli:
-    """Separate ``--config-name``/``--config-path``/``-cn``/``-cp`` from the overrides.
+def split_cli(args: list[str], trainer: str = "sync") -> Cli:
+    """Separate ``--config-name``/``--config-path``/``-cn``/``-cp`` from the overrides of the entry point
+    of ``trainer`` (``run_verl --trainer``: its default config and the folder a relative config path
+    starts from, :mod:`npu_rl.preflight.async_trainers`).
 
     Raises:
-        ValueError: a Hydra flag this preflight cannot follow (``--multirun``, ``--config-dir``...).
+        ValueError: a Hydra flag this preflight cannot follow (``--multirun``, ``--config-dir``...), or an
+            unknown trainer.
     """
-    name, path, rest = "ppo_trainer", None, []
+    from npu_rl.preflight.async_trainers import trainer as find_trainer
+
+    entry = find_trainer(trainer)
+    name, path, rest = entry.config_name, None, []
     it = iter(args)
     for a in it:
         flag, eq, val = a.partition("=")
@@ -75,15 +82,18 @@ def split_cli(args: list[str]) -> Cli:
             raise ValueError(f"Hydra flag {a!r} is not supported by the preflight; pass overrides only")
         else:
             rest.append(a)
-    config_dir = verl_config_dir()
+    config_dir = entry.config_dir(verl_package_dir())
     if path:
         p = Path(path)
         config_dir = p if p.is_absolute() else (config_dir.parent / p).resolve()
-    return Cli(name, config_dir, rest)
+    if name.endswith(".yaml"):  # verl's scripts write --config-name='fully_async_ppo_megatron_trainer.yaml'
+        name = name[: -len(".yaml")]
+    return Cli(name, config_dir, rest, trainer)
 
 
 def _is_group(key: str, config_dir: Path) -> bool:
-    return "/" in key or ("." not in key and (config_dir / key).is_dir())
+    # hydra.* (hydra.searchpath from run_verl) shapes the composition itself: composed with the groups
+    return "/" in key or key.startswith("hydra.") or ("." not in key and (config_dir / key).is_dir())
 
 
 def _container(cfg) -> dict:
