@@ -9,7 +9,7 @@ hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is in constrai
 from hypothesis import example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from npu_rl.spec_decode.corpus import GroupCorpus, SamDrafter, prompt_key  # noqa: E402
+from npu_rl.spec_decode.corpus import GroupCorpus, SamDrafterV1, prompt_key  # noqa: E402
 from npu_rl.spec_decode.sam import (  # noqa: E402
     C_GLEN,
     C_MATCH,
@@ -231,7 +231,7 @@ def test_group_corpus_evicts_least_recently_used_prompts_within_its_budget():
 def test_drafter_uses_finished_siblings_and_releases_memory():
     prompt = np.array([100, 101, 102], np.int32)
     sibling = np.array([5, 6, 7, 8, 9, 10, 11, 12], np.int32)
-    d = SamDrafter(k=4, group_budget_bytes=1 << 20)
+    d = SamDrafterV1(k=4, group_budget_bytes=1 << 20)
     d.start("a", prompt)
     for t in sibling:
         d.step("a", np.array([t], np.int32))

@@ -63,5 +63,7 @@ def check_spec_decode(cfg, env: Mapping[str, str], report: Report) -> str | None
     )
     return (
         f"SAM k={settings.k}, drafts while running batch {gate}, group corpus "
-        f"{settings.group_corpus_bytes >> 20} MiB, min match {settings.min_match}"
+        f"{settings.group_corpus_bytes >> 20} MiB, min match {settings.min_match}, "
+        f"adaptive k {'on' if settings.adaptive_k else 'off'}, history "
+        + (f"{settings.history_bytes >> 20} MiB" if settings.history_bytes else "off")
     )

@@ -12,6 +12,10 @@ Users switch SAM on with ``speculative_config.method=sam`` and ``num_speculative
 - ``sam_group_corpus_mb``: byte budget (MiB) of the group corpus (other responses to the same
   prompt); 0 turns it off. Default :data:`DEFAULT_GROUP_CORPUS_MB`.
 - ``sam_min_match``: the shortest suffix match (tokens) that yields a draft. Default 1.
+- ``sam_adaptive_k``: per-request draft length from its recent acceptance (grows by one after a
+  fully accepted draft, halves after a miss, within [1, num_speculative_tokens]). Default off.
+- ``sam_history_mb``: MiB for the history corpus (earlier rounds' responses of the same prompt,
+  :mod:`npu_rl.spec_decode.history`); 0 (default) turns it off. Needs the group corpus.
 
 This module imports neither vllm nor torch: the preflight checks recipes with it.
 """
@@ -31,7 +35,7 @@ DEFAULT_BATCH_SIZE_THRESHOLD = 32
 DEFAULT_GROUP_CORPUS_MB = 256
 ENV_ALIAS = "VLLM_SPECULATIVE_BATCH_SIZE_THRE"
 PREFIX = "actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config"
-KEYS = ("sam_batch_size_threshold", "sam_group_corpus_mb", "sam_min_match")
+KEYS = ("sam_batch_size_threshold", "sam_group_corpus_mb", "sam_min_match", "sam_adaptive_k", "sam_history_mb")
 NO_LIMIT = 1 << 62
 
 
@@ -43,6 +47,8 @@ class SamSettings:
     max_batch: int
     group_corpus_bytes: int
     min_match: int
+    adaptive_k: bool = False
+    history_bytes: int = 0
 
 
 def parse_threshold(value: object, key: str = "sam_batch_size_threshold") -> int:
@@ -73,6 +79,8 @@ def resolve(
     threshold: object = None,
     group_corpus_mb: object = None,
     min_match: object = None,
+    adaptive_k: object = None,
+    history_mb: object = None,
     env: Mapping[str, str] | None = None,
 ) -> SamSettings:
     """Check and resolve the SAM keys (None = not set). Raises ValueError naming the offending key
@@ -96,7 +104,27 @@ def resolve(
     mm = 1 if min_match is None else min_match
     if isinstance(mm, bool) or not isinstance(mm, int) or mm < 1:
         raise ValueError(f"sam_min_match={mm!r} must be an integer >= 1 (tokens of suffix match needed to draft)")
-    return SamSettings(k=k, max_batch=max_batch, group_corpus_bytes=int(mb * (1 << 20)), min_match=mm)
+    ak = False if adaptive_k is None else adaptive_k
+    if isinstance(ak, str) and ak.strip().lower() in ("true", "false"):
+        ak = ak.strip().lower() == "true"
+    if not isinstance(ak, bool):
+        raise ValueError(f"sam_adaptive_k={ak!r} must be true or false (adapt each request's draft length)")
+    hmb = 0 if history_mb is None else history_mb
+    if isinstance(hmb, bool) or not isinstance(hmb, int | float) or hmb < 0:
+        raise ValueError(f"sam_history_mb={hmb!r} must be a number of MiB >= 0 (0 turns the history corpus off)")
+    if hmb > 0 and mb == 0:
+        raise ValueError(
+            f"sam_history_mb={hmb} needs the group corpus, but sam_group_corpus_mb=0: history is drafted from "
+            "through the group automaton (set sam_group_corpus_mb > 0, or sam_history_mb=0)"
+        )
+    return SamSettings(
+        k=k,
+        max_batch=max_batch,
+        group_corpus_bytes=int(mb * (1 << 20)),
+        min_match=mm,
+        adaptive_k=ak,
+        history_bytes=int(hmb * (1 << 20)),
+    )
 
 
 def from_speculative_config(cfg: object, env: Mapping[str, str] | None = None) -> SamSettings:
@@ -106,6 +134,8 @@ def from_speculative_config(cfg: object, env: Mapping[str, str] | None = None) -
         getattr(cfg, "sam_batch_size_threshold", None),
         getattr(cfg, "sam_group_corpus_mb", None),
         getattr(cfg, "sam_min_match", None),
+        getattr(cfg, "sam_adaptive_k", None),
+        getattr(cfg, "sam_history_mb", None),
         env,
     )
 

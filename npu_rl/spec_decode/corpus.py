@@ -1,25 +1,75 @@
-"""Per-request SAM drafter state and the shared group corpus (device-agnostic; no vllm imports).
+"""The SAM drafter of a whole engine: per-prompt group automata with live siblings, history, adaptive k.
 
-:class:`GroupCorpus` keeps, per prompt, one suffix automaton over the finished responses to that
-prompt (its GRPO group and that prompt's responses in earlier epochs), keyed by a hash of the prompt
-token ids (:func:`prompt_key`), so verl needs no change to pass a group identity. Responses are
-separated by unique negative ids, so no match spans two responses. The corpus is bounded by a byte
-budget and evicts whole prompts, least recently used first.
+API (:class:`SamDrafter`; engine-independent, no vllm imports; the vLLM proposer and the benchmarks
+drive it the same way)::
 
-:class:`SamDrafter` owns one automaton per running request (prompt + output so far) and drafts from
-the longer of the request's own match and its group match (Hu et al., "SAM Decoding", ACL 2025,
-combine a dynamic and a static automaton the same way).
+    d = SamDrafter(k=5, group_budget_bytes=256 << 20, adaptive_k=True,
+                   history=LocalHistory(HistoryStore(512 << 20)))   # or RayHistory(...), or None
+    d.start(req_id, prompt_ids, num_prompt=None, key=None)  # key: group key, default prompt_key(prompt)
+    draft = d.step(req_id, new_tokens, max_draft=None)      # feed the tokens sampled since the last
+                                                            # call (int32 array), get up to k tokens
+    d.tick()                                                # once per engine step: history inserts
+    d.finish(req_id, reward=None)                           # done: its output goes to the history
+    d.drop(req_id)                                          # aborted/preempted: not to the history
+    d.k_of(req_id); d.counters(req_id); d.stats()           # adaptive k, drafted/accepted, memory
+
+- Group: every request of one key (the n samples of a prompt, and the same prompt again in a later
+  round served by this engine) is a *stream* of one :class:`~npu_rl.spec_decode.gsam.GroupAutomaton`,
+  grown token by token as the engine samples (live siblings: a request drafts from a sibling's text
+  the step after the sibling wrote it). Finishing a request only closes its stream: no bulk insert.
+- Draft: the continuation of the longest suffix of the request's own text that occurs anywhere in
+  the group (own earlier text, live or finished siblings, history), most recent occurrence first;
+  ``max_draft`` caps it (0: catch up only, e.g. above the batch-size gate).
+- Adaptive k (``adaptive_k=True``): :meth:`step` scores the previous draft against the tokens it is
+  fed (a draft token is accepted iff the engine sampled it: vLLM's rejection sampler with a
+  draft probability of 1), so no separate feedback call exists. A fully accepted draft of the
+  current length grows k by one, a miss halves it; k stays in [1, k] (the engine's
+  ``num_speculative_tokens``); the batch-size gate stays with the caller (``max_draft``).
+- History (``history`` given): when a key's group is created, the drafter asks the store for the
+  key's earlier responses (non-blocking), and :meth:`tick` inserts them as streams, at most
+  ``history_tokens_per_step`` tokens per engine step (bounded work per step). :meth:`finish` sends
+  the output to the store (with ``reward`` when the caller has it). Store rules:
+  :mod:`npu_rl.spec_decode.history`.
+- Memory: groups without running requests are evicted least recently used first to stay within
+  ``group_budget_bytes`` (groups with running requests are never evicted: their automaton is the
+  requests' own state). ``group_budget_bytes=0`` gives every request a private automaton, freed
+  at finish (no group corpus, no history).
+
+:class:`SamDrafterV1` and :class:`GroupCorpus` are the issue-6 drafter (one automaton per request
+plus a corpus of finished responses, bulk-inserted at drop), kept as the benchmarks' baseline.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from npu_rl.spec_decode.gsam import (
+    S_ACCEPTED,
+    S_DRAFTED,
+    S_KCUR,
+    S_MLEN,
+    S_NTOK,
+    S_POS,
+    S_STEPS,
+    GroupAutomaton,
+    new_stream,
+)
+from npu_rl.spec_decode.history import HistoryStore, LocalHistory, RayHistory
 from npu_rl.spec_decode.sam import C_GGEN, C_GLEN, C_GROUP, C_GSTATE, SuffixAutomaton, new_ctl
+
+__all__ = [
+    "GroupCorpus",
+    "HistoryStore",
+    "LocalHistory",
+    "RayHistory",
+    "SamDrafter",
+    "SamDrafterV1",
+    "prompt_key",
+]
 
 
 def prompt_key(prompt_ids) -> bytes:
@@ -100,8 +150,9 @@ class _Request:
     corpus_version: int = -1
 
 
-class SamDrafter:
-    """SAM drafting for many concurrent requests (the engine-independent half of the vLLM proposer).
+class SamDrafterV1:
+    """The issue-6 drafter, kept as the benchmarks' "SAM as today" baseline: one automaton per running
+    request plus a :class:`GroupCorpus` of *finished* responses (bulk insert at drop).
 
     ``k``: maximum draft tokens per step. ``min_match``: shortest suffix match that yields a draft.
     ``group_budget_bytes``: byte budget of the :class:`GroupCorpus` (0 turns the group corpus off).
@@ -204,3 +255,223 @@ class SamDrafter:
     def nbytes(self) -> int:
         """Bytes allocated by the drafter: running requests plus the group corpus."""
         return self.request_bytes + (self.corpus.nbytes if self.corpus is not None else 0)
+
+
+@dataclass
+class _Group:
+    gsam: GroupAutomaton
+    live: int = 0
+    handle: object = None  # history lookup in flight
+    pending: list = field(default_factory=list)  # [ctl, tokens, offset] history streams to insert
+
+
+@dataclass
+class _Req:
+    st: np.ndarray
+    group: _Group
+    key: object
+
+
+class SamDrafter:
+    """SAM drafting for every request of one engine (see the module docstring for the API and rules).
+
+    ``k``: the engine's draft length (``num_speculative_tokens``). ``min_match``: shortest suffix
+    match (tokens) that drafts. ``group_budget_bytes``: memory for the group automata (0: private
+    automata, no group corpus). ``occurrence``: "recent" or "first". ``adaptive_k``: TCP-like draft
+    length per request. ``history``: a :class:`~npu_rl.spec_decode.history.LocalHistory` or
+    :class:`~npu_rl.spec_decode.history.RayHistory` (None: no history; needs a group budget).
+    ``history_tokens_per_step``: history tokens inserted per :meth:`tick` at most.
+    """
+
+    def __init__(
+        self,
+        k: int,
+        min_match: int = 1,
+        group_budget_bytes: int = 0,
+        occurrence: str = "recent",
+        *,
+        adaptive_k: bool = False,
+        history=None,
+        history_tokens_per_step: int = 4096,
+    ):
+        if k < 1:
+            raise ValueError(f"k={k}: the number of speculative tokens must be >= 1")
+        if min_match < 1:
+            raise ValueError(f"min_match={min_match} must be >= 1")
+        if occurrence not in ("recent", "first"):
+            raise ValueError(f"occurrence={occurrence!r}: use 'recent' or 'first'")
+        if group_budget_bytes < 0:
+            raise ValueError(f"group_budget_bytes={group_budget_bytes} must be >= 0 (0 turns the group corpus off)")
+        if history is not None and group_budget_bytes == 0:
+            raise ValueError("history needs the group corpus: give group_budget_bytes > 0 (sam_group_corpus_mb)")
+        if history_tokens_per_step < 1:
+            raise ValueError(f"history_tokens_per_step={history_tokens_per_step} must be >= 1")
+        self.k = int(k)
+        self.min_match = int(min_match)
+        self.occurrence = occurrence
+        self.adaptive_k = bool(adaptive_k)
+        self.budget_bytes = int(group_budget_bytes)
+        self.history = history
+        self.history_tokens_per_step = int(history_tokens_per_step)
+        self.groups: OrderedDict[object, _Group] = OrderedDict()
+        self.requests: dict[str, _Req] = {}
+        self._out = np.empty(self.k, np.int32)
+        self.evictions = 0
+        self.history_tokens_inserted = 0
+        self.history_lookups = 0
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self, req_id: str, prompt_ids, num_prompt: int | None = None, key=None) -> None:
+        """Begin (or restart) ``req_id`` with its token ids so far; the first ``num_prompt`` are the prompt.
+
+        ``key``: the group key (hashable; default :func:`prompt_key` of the prompt). ``prompt_ids``
+        may already hold output (a request resumed after preemption): pass ``num_prompt`` then.
+        """
+        ids = np.ascontiguousarray(prompt_ids, dtype=np.int32)
+        num_prompt = ids.shape[0] if num_prompt is None else int(num_prompt)
+        self.drop(req_id)
+        if self.budget_bytes == 0:
+            key = ("private", req_id)
+        elif key is None:
+            key = prompt_key(ids[:num_prompt])
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = _Group(GroupAutomaton(capacity=2 * ids.shape[0]))
+            if self.history is not None:
+                group.handle = self.history.prefetch(key)
+                self.history_lookups += 1
+        self.groups.move_to_end(key)
+        group.live += 1
+        st = new_stream(self.k, self.min_match, self.adaptive_k, num_prompt, self.occurrence)
+        self.requests[req_id] = _Req(st, group, key)
+        group.gsam.append(st, ids)
+        self._evict()
+
+    def finish(self, req_id: str, reward: float | None = None) -> None:
+        """``req_id`` finished: close its stream (its text stays in the group) and send its output,
+        with ``reward`` if known, to the history store."""
+        req = self.requests.get(req_id)
+        if req is not None and self.history is not None:
+            out = req.group.gsam.output(req.st)
+            if out.shape[0]:
+                self.history.add(req.key, out, reward)
+        self.drop(req_id)
+
+    def drop(self, req_id: str, contribute: bool = True) -> None:
+        """Forget ``req_id`` (aborted, preempted, or finished without history); its text stays in its
+        group until the group is evicted. ``contribute`` is accepted for the V1 signature."""
+        req = self.requests.pop(req_id, None)
+        if req is None:
+            return
+        req.group.live -= 1
+        if self.budget_bytes == 0:
+            self.groups.pop(req.key, None)
+        else:
+            self._evict()
+
+    def __contains__(self, req_id: str) -> bool:
+        return req_id in self.requests
+
+    def num_tokens(self, req_id: str) -> int:
+        """Tokens of ``req_id`` the drafter has seen (prompt + output)."""
+        return int(self.requests[req_id].st[S_NTOK])
+
+    def last_token(self, req_id: str) -> int:
+        """The last token id seen for ``req_id``."""
+        req = self.requests[req_id]
+        return int(req.group.gsam.arena[req.st[S_POS]])
+
+    # ---- drafting ----------------------------------------------------------------------------
+    def step(self, req_id: str, new_tokens: np.ndarray, max_draft: int | None = None) -> np.ndarray:
+        """Append ``new_tokens`` (contiguous int32 array) to ``req_id``; return its draft.
+
+        The draft is a view valid until the next call, at most ``min(k_of(req_id), max_draft)`` tokens.
+        """
+        req = self.requests[req_id]
+        kcap = self.k if max_draft is None else max_draft
+        return self._out[: req.group.gsam.step(req.st, new_tokens, self._out, kcap)]
+
+    def tick(self) -> int:
+        """Once per engine step: collect history answers and insert up to ``history_tokens_per_step``
+        history tokens (as streams of their groups). Returns the tokens inserted."""
+        if self.history is None:
+            return 0
+        budget = self.history_tokens_per_step
+        for group in self.groups.values():
+            if group.handle is not None:
+                got = self.history.poll(group.handle)
+                if got is not None:
+                    group.handle = None
+                    group.pending = [[new_stream(0, occurrence=self.occurrence), t, 0] for t in got if len(t)]
+            while group.pending and budget > 0:
+                item = group.pending[0]
+                st, tokens, off = item
+                n = min(budget, tokens.shape[0] - off)
+                group.gsam.append(st, tokens[off : off + n])
+                item[2] = off + n
+                budget -= n
+                if item[2] >= tokens.shape[0]:
+                    group.pending.pop(0)
+            if budget <= 0:
+                break
+        done = self.history_tokens_per_step - budget
+        self.history_tokens_inserted += done
+        return done
+
+    def k_of(self, req_id: str) -> int:
+        """The request's current draft length (adaptive, or k)."""
+        return int(self.requests[req_id].st[S_KCUR])
+
+    def counters(self, req_id: str) -> dict:
+        """Draft tokens proposed and accepted, drafting steps, current k and match length of ``req_id``."""
+        st = self.requests[req_id].st
+        return {
+            "drafted": int(st[S_DRAFTED]),
+            "accepted": int(st[S_ACCEPTED]),
+            "draft_steps": int(st[S_STEPS]),
+            "k": int(st[S_KCUR]),
+            "match": int(st[S_MLEN]),
+        }
+
+    # ---- memory ------------------------------------------------------------------------------
+    def _evict(self) -> None:
+        if self.budget_bytes == 0:
+            return
+        total = self.nbytes
+        if total <= self.budget_bytes:
+            return
+        for key in [k for k, g in self.groups.items() if g.live == 0]:
+            total -= self.groups.pop(key).gsam.nbytes
+            self.evictions += 1
+            if total <= self.budget_bytes:
+                break
+
+    @property
+    def request_bytes(self) -> int:
+        """Bytes of the groups that have running requests."""
+        return sum(g.gsam.nbytes for g in self.groups.values() if g.live)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated by the drafter (every group automaton)."""
+        return sum(g.gsam.nbytes for g in self.groups.values())
+
+    def stats(self) -> dict:
+        """Groups, running requests, tokens, bytes (allocated and per token), evictions, history work."""
+        tokens = sum(g.gsam.num_tokens for g in self.groups.values())
+        nbytes = self.nbytes
+        return {
+            "groups": len(self.groups),
+            "requests": len(self.requests),
+            "tokens": tokens,
+            "nbytes": nbytes,
+            "bytes_per_token": nbytes / tokens if tokens else 0.0,
+            "used_bytes_per_token": sum(g.gsam.used_bytes for g in self.groups.values()) / tokens if tokens else 0.0,
+            "evictions": self.evictions,
+            "history_lookups": self.history_lookups,
+            "history_tokens_inserted": self.history_tokens_inserted,
+            "history_pending_tokens": sum(
+                int(t.shape[0]) - off for g in self.groups.values() for _, t, off in g.pending
+            ),
+            "history": getattr(self.history, "where", None),
+        }

@@ -4,8 +4,11 @@ Lifecycle as upstream's ``SuffixDecodingProposer`` (vllm/v1/spec_decode/suffix_d
 per-request state is created lazily from ``input_batch.token_ids_cpu`` (prompt + output so far),
 caught up incrementally from the tokens the drafter has not seen (several per step after skipped or
 gated steps; a request whose tokens disagree with what the drafter saw, e.g. one preempted and
-resumed under the same id with other tokens, is rebuilt), and dropped when it leaves the batch (its
-output then joins its prompt's group corpus). Requests in a partial prefill, at ``max_model_len``,
+resumed under the same id with other tokens, is rebuilt), and finished when it leaves the batch (its
+text stays in its prompt's group automaton, and its output goes to the history store when history
+is on). Live siblings draft from each other's text as it is sampled (one group automaton per prompt,
+:mod:`npu_rl.spec_decode.corpus`); :meth:`SamDrafter.tick` inserts history, a bounded amount per step.
+Requests in a partial prefill, at ``max_model_len``,
 or above the batch-size gate get empty drafts; the gate still catches up. Drafts are verified by
 vLLM's rejection sampler like n-gram drafts (draft probability 1), so sampling and log-probs are
 unchanged.
@@ -13,12 +16,16 @@ unchanged.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
 
 from npu_rl.spec_decode.config import SamSettings, from_speculative_config
 from npu_rl.spec_decode.corpus import SamDrafter
+from npu_rl.spec_decode.history import HistoryStore, LocalHistory, RayHistory
+
+logger = logging.getLogger(__name__)
 
 
 class SamProposer:
@@ -39,7 +46,11 @@ class SamProposer:
             self.settings.k,
             min_match=self.settings.min_match,
             group_budget_bytes=self.settings.group_corpus_bytes,
+            adaptive_k=self.settings.adaptive_k,
+            history=_history(self.settings),
         )
+        if self.drafter.history is not None:
+            logger.info("SAM history corpus: %s, %d MiB", self.drafter.history.where, self.settings.history_bytes >> 20)
         self.runner = runner
         self.steps = 0
         self.gated_steps = 0
@@ -71,9 +82,11 @@ class SamProposer:
                 seen = n
             draft = drafter.step(req_id, row[seen:n], max_draft=max(room, 0))
             drafts.append(draft.tolist())
-        # requests that left the batch (finished, aborted or preempted): free them
+        # requests that left the batch (finished, aborted or preempted; a preempted one that comes
+        # back is rebuilt and its output is sent again, the store keeps the best copies)
         for req_id in [r for r in drafter.requests if r not in input_batch.req_id_to_index]:
-            drafter.drop(req_id)
+            drafter.finish(req_id)
+        drafter.tick()
         return drafts
 
     def load_model(self, *args, **kwargs) -> None:
@@ -106,11 +119,27 @@ class AscendSamProposer(SamProposer):
         """Nothing to run: the drafter has no model."""
 
 
+def _history(settings: SamSettings):
+    """The history store the settings ask for: the cluster-wide Ray actor when this process is
+    connected to Ray, else an in-process store (reaches only prompts this engine serves again)."""
+    if not settings.history_bytes:
+        return None
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return RayHistory(settings.history_bytes, reward_weighted=True)
+    except ImportError:
+        pass
+    return LocalHistory(HistoryStore(settings.history_bytes))
+
+
 def _compile() -> None:
-    """Run every compiled path once (own match, group match, growth) on a throwaway drafter."""
-    d = SamDrafter(2, group_budget_bytes=1 << 20)
+    """Run every compiled path once (own match, group match, growth, history) on a throwaway drafter."""
+    d = SamDrafter(2, group_budget_bytes=1 << 20, adaptive_k=True, history=LocalHistory(HistoryStore(1 << 20)))
     d.start("a", np.arange(8, dtype=np.int32))
     d.step("a", np.arange(300, dtype=np.int32) % 7)
-    d.drop("a")
+    d.finish("a")
     d.start("b", np.arange(8, dtype=np.int32))
     d.step("b", np.array([1, 2], np.int32))
+    d.tick()

@@ -1,0 +1,198 @@
+"""History corpus of the SAM drafter (issue 20, item 1): earlier rounds' responses, per prompt.
+
+:class:`HistoryStore` keeps raw response token ids (int32, 4 B per token: the automata are built only
+in the engine that serves the prompt, incrementally, see :class:`npu_rl.spec_decode.corpus.SamDrafter`)
+per prompt key, with
+
+- a cap in bytes over all prompts (``budget_bytes``; token bytes plus a fixed 64 B per response);
+- per prompt at most ``max_responses`` responses: a new response replaces the prompt's *weakest*
+  one, the lowest ``(reward, age)``: lowest reward first (``None`` counts as 0), oldest among equals;
+- eviction over the cap: whole prompts, least recently used (added to or read) first.
+
+:meth:`HistoryStore.get` returns a prompt's responses in the order the drafter inserts them: weakest
+first, so the best rewarded and newest response is the *latest* occurrence, the one a "recent"
+draft continues (this is the reward weighting: with ``reward_weighted=False`` only age counts).
+
+Keys are the group keys of :func:`npu_rl.spec_decode.corpus.prompt_key` (a digest of the prompt
+token ids), not verl's dataset index: the same prompt in a later epoch or a later step has the same
+token ids in every replica, so the key needs no plumbing through verl and vLLM's request, and two
+dataset rows with the same prompt share a history, which is what a drafter wants.
+
+Reachability across replicas (verl routes a prompt to any replica next round): :class:`RayHistory`
+is a named, detached Ray actor holding one :class:`HistoryStore` for the whole cluster, with
+non-blocking calls (``add`` is fire-and-forget; ``prefetch`` returns a handle the engine polls with a
+zero timeout, so no engine step waits on it). Without Ray the drafter uses an in-process store
+(history then reaches only prompts served again by the same engine); the proposer logs which.
+Cost per step: ``benchmarks/bench_sam_history.py``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+RESPONSE_OVERHEAD = 64  # bytes charged per stored response (array header, bookkeeping)
+ACTOR_NAME = "npu_rl_sam_history"
+ACTOR_NAMESPACE = "npu_rl"
+
+
+@dataclass
+class _Entry:
+    responses: list[tuple[float, int, np.ndarray]] = field(default_factory=list)  # (reward, seq, tokens)
+    nbytes: int = 0
+
+
+class HistoryStore:
+    """Earlier responses per prompt key within ``budget_bytes`` (see the module docstring for the rules).
+
+    ``max_responses``: per-prompt cap (>= 1). ``reward_weighted``: order by reward, then age (else age
+    only). ``max_tokens_per_prompt``: the most tokens :meth:`get` returns for one prompt (the best
+    responses first); bounds the insert work an engine takes on when the prompt starts.
+    """
+
+    def __init__(
+        self,
+        budget_bytes: int,
+        max_responses: int = 16,
+        reward_weighted: bool = True,
+        max_tokens_per_prompt: int = 1 << 18,
+    ):
+        if budget_bytes < 0:
+            raise ValueError(f"budget_bytes={budget_bytes} must be >= 0 (0 keeps no history)")
+        if max_responses < 1:
+            raise ValueError(f"max_responses={max_responses} must be >= 1")
+        self.budget_bytes = int(budget_bytes)
+        self.max_responses = int(max_responses)
+        self.reward_weighted = bool(reward_weighted)
+        self.max_tokens_per_prompt = int(max_tokens_per_prompt)
+        self._prompts: OrderedDict[bytes, _Entry] = OrderedDict()
+        self._seq = itertools.count()
+        self.nbytes = 0
+        self.evicted_prompts = 0
+        self.replaced_responses = 0
+
+    def __len__(self) -> int:
+        return len(self._prompts)
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._prompts
+
+    def _weight(self, item: tuple[float, int, np.ndarray]) -> tuple[float, int]:
+        return (item[0], item[1]) if self.reward_weighted else (0.0, item[1])
+
+    def add(self, key: bytes, tokens, reward: float | None = None) -> None:
+        """Store one response (token ids, no prompt) of prompt ``key``; ``reward`` None counts as 0."""
+        tokens = np.array(tokens, dtype=np.int32, copy=True).reshape(-1)
+        if self.budget_bytes == 0 or tokens.shape[0] == 0:
+            return
+        entry = self._prompts.get(key)
+        if entry is None:
+            entry = self._prompts[key] = _Entry()
+        self._prompts.move_to_end(key)
+        for i, (r, seq, old) in enumerate(entry.responses):  # the same response again (every TP rank
+            if old.shape == tokens.shape and np.array_equal(old, tokens):  # sends it): keep one copy
+                if reward is not None and float(reward) > r:
+                    entry.responses[i] = (float(reward), seq, old)
+                return
+        item = (0.0 if reward is None else float(reward), next(self._seq), tokens)
+        cost = tokens.nbytes + RESPONSE_OVERHEAD
+        entry.responses.append(item)
+        entry.nbytes += cost
+        self.nbytes += cost
+        if len(entry.responses) > self.max_responses:
+            weakest = min(range(len(entry.responses)), key=lambda i: self._weight(entry.responses[i]))
+            gone = entry.responses.pop(weakest)
+            entry.nbytes -= gone[2].nbytes + RESPONSE_OVERHEAD
+            self.nbytes -= gone[2].nbytes + RESPONSE_OVERHEAD
+            self.replaced_responses += 1
+        while self.nbytes > self.budget_bytes and self._prompts:
+            _, old = self._prompts.popitem(last=False)
+            self.nbytes -= old.nbytes
+            self.evicted_prompts += 1
+
+    def get(self, key: bytes) -> list[np.ndarray]:
+        """Prompt ``key``'s responses, weakest first and best last, at most ``max_tokens_per_prompt``
+        tokens in all (the weakest are left out first); [] when none. Marks the prompt as used."""
+        entry = self._prompts.get(key)
+        if entry is None:
+            return []
+        self._prompts.move_to_end(key)
+        ranked = sorted(entry.responses, key=self._weight, reverse=True)
+        out, total = [], 0
+        for _, _, tokens in ranked:
+            if total + tokens.shape[0] > self.max_tokens_per_prompt:
+                break
+            out.append(tokens)
+            total += tokens.shape[0]
+        return out[::-1]
+
+    def get_many(self, keys: list[bytes]) -> list[list[np.ndarray]]:
+        """:meth:`get` for several keys (one round trip when the store is an actor)."""
+        return [self.get(k) for k in keys]
+
+    def stats(self) -> dict:
+        """Prompts, responses, bytes, evictions."""
+        return {
+            "prompts": len(self._prompts),
+            "responses": sum(len(e.responses) for e in self._prompts.values()),
+            "nbytes": self.nbytes,
+            "budget_bytes": self.budget_bytes,
+            "evicted_prompts": self.evicted_prompts,
+            "replaced_responses": self.replaced_responses,
+        }
+
+
+class LocalHistory:
+    """The drafter's view of an in-process :class:`HistoryStore` (same interface as :class:`RayHistory`)."""
+
+    where = "in-process (this engine only)"
+
+    def __init__(self, store: HistoryStore):
+        self.store = store
+
+    def add(self, key: bytes, tokens, reward: float | None = None) -> None:
+        self.store.add(key, tokens, reward)
+
+    def prefetch(self, key: bytes):
+        """A handle for :meth:`poll` (here: the answer itself)."""
+        return self.store.get(key)
+
+    def poll(self, handle) -> list[np.ndarray] | None:
+        """The responses once ready, else None (never blocks)."""
+        return handle
+
+
+class RayHistory:
+    """A cluster-wide :class:`HistoryStore` in a named, detached Ray actor (get-or-create by name).
+
+    ``add`` is fire-and-forget; ``prefetch`` starts a lookup and ``poll`` returns its answer only once
+    it has arrived (``ray.wait`` with timeout 0), so no engine step blocks on the actor. The first
+    engine to start creates the actor with its own settings; later ones reuse it.
+    """
+
+    where = f"Ray actor {ACTOR_NAMESPACE}/{ACTOR_NAME} (every replica)"
+
+    def __init__(self, budget_bytes: int, max_responses: int = 16, reward_weighted: bool = True):
+        import ray
+
+        self._ray = ray
+        cls = ray.remote(num_cpus=0)(HistoryStore)
+        self.actor = cls.options(
+            name=ACTOR_NAME, namespace=ACTOR_NAMESPACE, lifetime="detached", get_if_exists=True
+        ).remote(budget_bytes, max_responses, reward_weighted)
+
+    def add(self, key: bytes, tokens, reward: float | None = None) -> None:
+        self.actor.add.remote(key, np.ascontiguousarray(tokens, dtype=np.int32), reward)
+
+    def prefetch(self, key: bytes):
+        return self.actor.get.remote(key)
+
+    def poll(self, handle) -> list[np.ndarray] | None:
+        ready, _ = self._ray.wait([handle], timeout=0)
+        return self._ray.get(ready[0]) if ready else None
+
+    def stats(self) -> dict:
+        return self._ray.get(self.actor.stats.remote())
