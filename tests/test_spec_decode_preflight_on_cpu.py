@@ -49,8 +49,17 @@ def test_sam_recipe_keys_are_accepted_and_planned():
 
     assert (
         check_spec_decode(cfg, {}, Report())
-        == "SAM k=5, drafts while running batch <= 16, group corpus 256 MiB, min match 1"
+        == "SAM k=5, drafts while running batch <= 16, group corpus 256 MiB, min match 1, adaptive k off, history off"
     )
+
+
+def test_issue20_keys_are_accepted_planned_and_checked():
+    r, e = errors(*SAM, f"+{S}.sam_adaptive_k=true", f"+{S}.sam_history_mb=512")
+    assert not e, r.render()
+    _, e = errors(*SAM, f"+{S}.sam_history_mb=64", f"+{S}.sam_group_corpus_mb=0")
+    assert "needs the group corpus" in e[f"{S}.sam_history_mb"].message
+    _, e = errors(*SAM, f"+{S}.sam_adaptive_k=sometimes")  # the patched vLLM's field type judges it
+    assert "valid boolean" in e[f"{S}.sam_adaptive_k"].message
 
 
 def test_bad_sam_values_name_the_key():

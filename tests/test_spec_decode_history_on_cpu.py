@@ -1,0 +1,188 @@
+"""Issue 20's SAM drafter core: the group automaton of live streams against brute-force oracles, adaptive k,
+the history store's rules, the drafter's lifecycle across replicas, and the new speculative_config keys."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is in constraints/cpu.txt: install_stack.sh --cpu")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from npu_rl.spec_decode.config import resolve  # noqa: E402
+from npu_rl.spec_decode.corpus import SamDrafter, prompt_key  # noqa: E402
+from npu_rl.spec_decode.gsam import S_KCUR, S_MLEN, GroupAutomaton, new_stream  # noqa: E402
+from npu_rl.spec_decode.history import HistoryStore, LocalHistory  # noqa: E402
+from npu_rl.spec_decode.sam import SuffixAutomaton  # noqa: E402
+
+
+def oracle(texts: list[list[int]], own: int) -> tuple[int, list[list[int]]]:
+    """(L, continuations): the longest suffix of ``texts[own]`` that occurs elsewhere in the group (in
+    another text, or ending earlier in its own), and the tokens after each such occurrence (an own
+    occurrence continues periodically, as the drafter reads past its own end)."""
+    t = texts[own]
+    n = len(t)
+    for L in range(n, 0, -1):
+        suf = t[n - L :]
+        conts = []
+        for i, x in enumerate(texts):
+            for e in range(L - 1, n - 1 if i == own else len(x)):
+                if x[e - L + 1 : e + 1] == suf:
+                    c = list(x[e + 1 :])
+                    if i == own:
+                        period = n - 1 - e
+                        while len(c) < 16:
+                            c.append(c[len(c) - period])
+                    conts.append(c)
+        if conts:
+            return L, conts
+    return 0, []
+
+
+# interleaved appends to up to 4 streams over a small alphabet (long shared repeats: the hard case)
+moves = st.lists(
+    st.tuples(st.integers(0, 3), st.lists(st.integers(0, 3), min_size=1, max_size=3)), min_size=1, max_size=60
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(moves, st.sampled_from([1, 300]))
+def test_interleaved_streams_match_the_oracle_and_draft_real_continuations(ops, reserve):
+    g = GroupAutomaton(reserve_tokens=reserve)  # 1: the arena doubles inside the steps (copy path)
+    streams = [new_stream(4) for _ in range(4)]
+    texts: list[list[int]] = [[] for _ in range(4)]
+    out = np.empty(4, np.int32)
+    for i, toks in ops:
+        texts[i] += toks
+        n = g.step(streams[i], np.array(toks, np.int32), out, 4)
+        length, conts = oracle(texts, i)
+        assert streams[i][S_MLEN] == length, (texts, i)
+        if n:  # a draft is the continuation of some occurrence of the match
+            assert any(c[:n] == list(out[:n]) for c in conts), (texts, i, out[:n])
+
+
+def test_one_stream_equals_the_issue6_automaton_through_hash_migrations():
+    """A long single stream: the match length equals SuffixAutomaton's at every step, while the hash
+    table grows several times by incremental migration (lookups in both tables)."""
+    rng = np.random.default_rng(3)
+    text = rng.integers(0, 40, 20_000).astype(np.int32)
+    text[5000:9000] = text[1000:5000]  # long repeats
+    g = GroupAutomaton(reserve_tokens=4096)
+    ref = SuffixAutomaton(capacity=64)
+    st_ = new_stream(3)
+    out = np.empty(3, np.int32)
+    for i in range(0, len(text), 7):
+        chunk = text[i : i + 7]
+        g.step(st_, chunk, out, 3)
+        ref.append(chunk)
+        assert st_[S_MLEN] == ref.suffix_match()[0]
+    assert g.hash_grows >= 3 and g.grows >= 1
+    assert g.num_tokens == len(text)
+
+
+def test_live_sibling_drafts_the_step_after_it_was_written():
+    d = SamDrafter(k=4, group_budget_bytes=64 << 20)
+    prompt = np.arange(100, 110, dtype=np.int32)
+    d.start("a", prompt)
+    d.start("b", prompt)
+    d.step("a", np.array([5, 6, 7, 8, 9, 10], np.int32))  # a runs ahead
+    assert d.step("b", np.array([5, 6], np.int32)).tolist() == [7, 8, 9, 10]
+    assert d.step("b", np.array([7], np.int32), max_draft=2).tolist() == [8, 9]
+    assert d.step("b", np.array([8], np.int32), max_draft=0).tolist() == []  # gated: catches up only
+    d.start("c", np.array([1, 2, 3], np.int32))  # another prompt sees nothing of a's
+    assert d.step("c", np.array([5, 6], np.int32)).tolist() == []
+    assert len(d.groups) == 2
+
+
+def test_adaptive_k_grows_on_full_acceptance_and_halves_on_a_miss():
+    d = SamDrafter(k=6, group_budget_bytes=64 << 20, adaptive_k=True)
+    period = np.array([1, 2, 3, 4, 5, 6, 7], np.int32)
+    d.start("r", np.concatenate([period, period]))
+    st_ = d.requests["r"].st
+    st_[S_KCUR] = 2  # start low to watch it grow
+    draft = d.step("r", period[:1])
+    seen = []
+    pos = 1
+    for _ in range(5):  # the text keeps repeating: every draft is accepted
+        nxt = np.concatenate([draft, [period[(pos + len(draft)) % 7]]]).astype(np.int32)
+        pos += len(nxt)
+        draft = d.step("r", nxt)
+        seen.append(d.k_of("r"))
+    assert seen == [3, 4, 5, 6, 6]  # +1 per fully accepted draft, capped at k
+    assert d.counters("r")["accepted"] == d.counters("r")["drafted"] - len(draft)
+    d.step("r", np.array([99], np.int32))  # a miss on the first draft token
+    assert d.k_of("r") == 3
+    d.step("r", np.array([98], np.int32))  # no draft was proposed (no match): k unchanged
+    assert d.k_of("r") == 3
+
+
+def test_history_store_rules():
+    s = HistoryStore(budget_bytes=9_000, max_responses=3)
+    k1, k2 = prompt_key([1]), prompt_key([2])
+    s.add(k1, [1] * 100, reward=1.0)
+    s.add(k1, [2] * 100, reward=0.0)
+    s.add(k1, [3] * 100, reward=1.0)
+    s.add(k1, [3] * 100, reward=1.0)  # the same response again (another TP rank): kept once
+    assert s.stats()["responses"] == 3
+    s.add(k1, [4] * 100, reward=0.5)  # over max_responses: the weakest (reward 0) goes
+    got = s.get(k1)
+    assert [int(x[0]) for x in got] == [4, 1, 3]  # weakest first, best (highest reward, newest) last
+    assert s.replaced_responses == 1
+    s.add(k2, [5] * 1000)
+    s.add(k2, [6] * 1000)  # over the byte cap: the least recently used prompt (k1) goes whole
+    assert k1 not in s and k2 in s and s.nbytes <= s.budget_bytes and s.evicted_prompts == 1
+    s2 = HistoryStore(1 << 20, reward_weighted=False, max_tokens_per_prompt=150)
+    s2.add(k1, [1] * 100, reward=9.0)
+    s2.add(k1, [2] * 100, reward=0.0)
+    assert [int(x[0]) for x in s2.get(k1)] == [2]  # newest only: age alone ranks, 150 tokens fit one
+    with pytest.raises(ValueError, match="max_responses"):
+        HistoryStore(1, max_responses=0)
+
+
+def test_history_reaches_another_replica_through_the_store_in_bounded_steps():
+    store = HistoryStore(64 << 20)
+    prompt = np.arange(200, 220, dtype=np.int32)
+    earlier = np.arange(1000, 1600, dtype=np.int32) % 97 + 500  # round t-1's response
+    r1 = SamDrafter(k=4, group_budget_bytes=64 << 20, history=LocalHistory(store))
+    r1.start("x", prompt)
+    r1.step("x", earlier)
+    r1.finish("x", reward=1.0)
+    assert store.stats()["responses"] == 1
+    r2 = SamDrafter(k=4, group_budget_bytes=64 << 20, history=LocalHistory(store), history_tokens_per_step=256)
+    r2.start("y", prompt)
+    assert r2.step("y", earlier[:3]).tolist() == []  # history not inserted yet
+    assert [r2.tick(), r2.tick(), r2.tick(), r2.tick()] == [256, 256, 88, 0]  # <= 256 tokens per step
+    assert r2.step("y", earlier[3:5]).tolist() == earlier[5:9].tolist()
+    r2.drop("y")  # dropped (aborted): not sent to the store
+    assert store.stats()["responses"] == 1
+    with pytest.raises(ValueError, match="group_budget_bytes > 0"):
+        SamDrafter(k=4, history=LocalHistory(store))
+
+
+def test_idle_groups_are_evicted_within_the_budget_running_ones_never():
+    d = SamDrafter(k=2, group_budget_bytes=1)  # everything is over budget
+    d.start("a", np.arange(50, dtype=np.int32))
+    d.start("b", np.arange(50, 90, dtype=np.int32))
+    assert len(d.groups) == 2  # running: kept
+    d.finish("a")
+    assert len(d.groups) == 1 and d.evictions == 1
+    private = SamDrafter(k=2)  # no group corpus: one private automaton per request, freed at finish
+    private.start("a", np.arange(10, dtype=np.int32))
+    private.start("b", np.arange(10, dtype=np.int32))
+    assert len(private.groups) == 2
+    private.finish("a")
+    private.finish("b")
+    assert not private.groups and private.nbytes == 0
+
+
+def test_new_keys_are_validated():
+    s = resolve(3, None, 64, None, True, 128, env={})
+    assert s.adaptive_k and s.history_bytes == 128 << 20
+    assert resolve(3, None, None, None, "false", None, env={}).adaptive_k is False
+    with pytest.raises(ValueError, match="sam_adaptive_k"):
+        resolve(3, None, None, None, "sometimes", None, env={})
+    with pytest.raises(ValueError, match="sam_history_mb=-1"):
+        resolve(3, None, None, None, None, -1, env={})
+    with pytest.raises(ValueError, match="needs the group corpus"):
+        resolve(3, None, 0, None, None, 64, env={})
