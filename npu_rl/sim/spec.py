@@ -169,8 +169,12 @@ class _SpecEngine:
     def __init__(self, reqs, cost, cfg, routing, spec, traces):
         self.reqs, self.cost, self.cfg, self.routing = reqs, cost, cfg, routing
         self.spec = spec if spec is not None and spec.batch_threshold > 0 else None
-        self.traces = traces
         n = len(reqs)
+        # per request: rate-change positions (a trace of another length stretched to this one) and rates
+        self.starts = [
+            None if t is None else t.starts * (r.response_len / t.length) for t, r in zip(traces, reqs, strict=True)
+        ]
+        self.rates = [None if t is None else t.rates for t in traces]
         self.idx = {r.rid: i for i, r in enumerate(reqs)}
         self.P = [r.prompt_len for r in reqs]
         self.L = [r.response_len for r in reqs]
@@ -275,29 +279,47 @@ class _SpecEngine:
     def _drafts(self, rep: _Rep) -> bool:
         return self.spec is not None and 0 < len(rep.run) <= self.spec.batch_threshold
 
-    def _plan(self, rep: _Rep) -> tuple[int, float]:
-        """(iterations, own cost ms) of rep's next segment: 1 drafting iteration, or plain ones to the next event."""
-        b = len(rep.run)
-        if self._drafts(rep):
-            return 1, self.spec.step_ms(self.cost, b, rep.kv)
-        m = min(math.ceil(self.L[i] - self.pos[i] - _EPS) for i in rep.run)
-        if self.budget != math.inf:
-            m = min(m, int((self.budget - rep.kv) // b) + 1)
-        m = max(m, 1)
-        return m, self.cost.decode_run_ms(b, rep.kv, m)
+    def _rate(self, i: int) -> tuple[float, float]:
+        """(tokens per forward now, position where the rate changes next) of running request i."""
+        starts, rates = self.starts[i], self.rates[i]
+        k = int(np.searchsorted(starts, self.pos[i], side="right")) - 1
+        return float(rates[k]), float(starts[k + 1]) if k + 1 < len(starts) else math.inf
 
-    def _advance(self, rep: _Rep, m: int, drafting: bool) -> None:
-        rep.iters += m
-        if drafting:
-            rep.draft_iters += 1
+    def _plan(self, rep: _Rep) -> tuple[int, float, float, list[float] | None]:
+        """rep's next segment, to the next event (a finish, the KV budget, a request's rate changing):
+        (iterations m, own cost ms, first iteration's cost, kv growth per iteration, rates or None)."""
+        b = len(rep.run)
+        c = self.cost
+        if self._drafts(rep):
+            rates, m = [], math.inf
             for i in rep.run:
-                tr = self.traces[i]
+                rate, nxt = self._rate(i)
                 p = self.pos[i]
-                at = p if tr.length == self.L[i] else p * tr.length / self.L[i]  # stretched to this length
-                step = min(tr.rate_at(at), self.L[i] - p)
-                self.pos[i] = p + step
-                rep.kv += step
-                self.forwards[i] += 1
+                rates.append(rate)
+                m = min(m, math.ceil((self.L[i] - p) / rate - _EPS))
+                if nxt != math.inf:
+                    m = min(m, math.ceil((nxt - p) / rate - _EPS))
+            grow = sum(rates)
+            first = self.spec.step_ms(c, b, rep.kv)
+        else:
+            rates, grow, first = None, float(b), c.decode_ms(b, rep.kv)
+            m = min(math.ceil(self.L[i] - self.pos[i] - _EPS) for i in rep.run)
+        if self.budget != math.inf:
+            m = min(m, int((self.budget - rep.kv) // grow) + 1)
+        m = max(int(m), 1)
+        # m iterations at constant b, kv growing by `grow` per iteration (exact: no rate changes inside)
+        return m, m * first + c.t2 * grow * m * (m - 1) / 2, first, grow, rates
+
+    def _advance(self, rep: _Rep, m: int, rates: list[float] | None) -> None:
+        rep.iters += m
+        if rates is not None:
+            rep.draft_iters += m
+            for i, rate in zip(rep.run, rates, strict=True):
+                p = self.pos[i]
+                q = min(float(self.L[i]), p + m * rate)  # the last pass of a finishing request is partial
+                self.pos[i] = q
+                rep.kv += q - p
+                self.forwards[i] += m
         else:
             for i in rep.run:
                 self.pos[i] += m
@@ -330,9 +352,8 @@ class _SpecEngine:
 
         def schedule(rep: _Rep) -> None:
             if rep.run:
-                drafting = self._drafts(rep)
-                m, dt = self._plan(rep)
-                plans[rep.r] = (m, dt, drafting)
+                m, dt, _, _, rates = self._plan(rep)
+                plans[rep.r] = (m, dt, rates)
                 heapq.heappush(events, (rep.clock + dt, rep.r))
 
         for rep in self.reps:
@@ -343,8 +364,8 @@ class _SpecEngine:
             while events and events[0][0] == t:
                 _, r = heapq.heappop(events)
                 rep = self.reps[r]
-                m, dt, drafting = plans.pop(r)
-                self._advance(rep, m, drafting)
+                m, dt, rates = plans.pop(r)
+                self._advance(rep, m, rates)
                 rep.busy += dt
                 rep.work += dt
                 rep.clock = t
@@ -377,29 +398,15 @@ class _SpecEngine:
             active = [rep for rep in self.reps if rep.run]
             if not active:
                 return
-            flags = [self._drafts(rep) for rep in active]
-            if any(flags):
-                costs = [
-                    self.spec.step_ms(self.cost, len(rep.run), rep.kv)
-                    if f
-                    else self.cost.decode_ms(len(rep.run), rep.kv)
-                    for rep, f in zip(active, flags, strict=True)
-                ]
-                dt = max(costs)
-                for rep, f, own in zip(active, flags, costs, strict=True):
-                    self._advance(rep, 1, f)
-                    rep.work += own
-                    rep.busy += dt
-            else:
-                m = min(self._plan(rep)[0] for rep in active)
-                c = self.cost
-                a = [c.t0 + c.t1 * len(rep.run) + c.t2 * rep.kv for rep in active]
-                s = [c.t2 * len(rep.run) for rep in active]
-                dt = _sum_max_lines(a, s, m)
-                for rep in active:
-                    rep.work += c.decode_run_ms(len(rep.run), rep.kv, m)
-                    rep.busy += dt
-                    self._advance(rep, m, False)
+            plans = [self._plan(rep) for rep in active]
+            m = min(p[0] for p in plans)
+            # each rank's cost is linear in the iteration index within the segment: the sum of the max
+            # over ranks is exact from the upper envelope (as the engine's lockstep)
+            dt = _sum_max_lines([p[2] for p in plans], [self.cost.t2 * p[3] for p in plans], m)
+            for rep, (_, _, first, grow, rates) in zip(active, plans, strict=True):
+                rep.work += m * first + self.cost.t2 * grow * m * (m - 1) / 2
+                rep.busy += dt
+                self._advance(rep, m, rates)
             now += dt
 
     def result(self) -> SimResult:
