@@ -393,7 +393,7 @@ def drafters(k: int, max_len: int, max_seqs: int, ngram_tuned: tuple[int, int], 
     return out
 
 
-def run_one(name, build, rounds, k, engines, gate, max_num_seqs=1 << 30) -> dict:
+def run_one(name, build, rounds, k, engines, gate, max_num_seqs=1 << 30, by_prompt=False) -> dict:
     make, end_round = build()
     made = []
 
@@ -412,6 +412,7 @@ def run_one(name, build, rounds, k, engines, gate, max_num_seqs=1 << 30) -> dict
         max_num_seqs,
         end_round,
         nbytes=lambda a: getattr(a, "nbytes", 0),
+        by_prompt=by_prompt,
     )
     row = {"drafter": name, "k": k, **st.uncapped.row()}
     row["all"] = st.all.row()
@@ -469,7 +470,15 @@ def main(argv=None) -> int:
     ap.add_argument("--math-prompts", type=int, help="MATH prompts (default 100; --quick 40)")
     ap.add_argument("--math-group", type=int, default=4, help="siblings per round (8 samples = 8/g rounds)")
     ap.add_argument("--skyt1-prompts", type=int, help="AIME24 prompts per checkpoint (default 30; --quick 10)")
+    ap.add_argument("--datasets", nargs="+", choices=["math", "skyt1"], default=["math", "skyt1"])
     ap.add_argument("--engines", type=int, default=2, help="rollout engines (replicas) per data set")
+    ap.add_argument(
+        "--routing",
+        choices=["spread", "prompt"],
+        default="spread",
+        help="spread: round-robin per request in batch order (verl's least-in-flight balancer); "
+        "prompt: every request of a prompt on one engine (a prompt-affine router)",
+    )
     ap.add_argument("--gate", type=int, default=32, help="batch-size gate: draft while the running batch <= this")
     ap.add_argument("--budget-mib", type=int, default=256, help="SAM group corpus and history store MiB")
     ap.add_argument("--ngram-tuned", default="1,8", help="MIN,MAX lookup of the tuned n-gram row")
@@ -493,11 +502,13 @@ def main(argv=None) -> int:
     d = data_dir(args.data_dir)
     tok = tokenizer()
     t0 = time.time()
-    datasets = {
-        "MATH maj8": load_math(d, tok, math_prompts, args.math_group),
-        "Sky-T1 ckpts": load_skyt1(d, tok, sky_prompts, with_capped=not args.quick),
-    }
+    datasets = {}
+    if "math" in args.datasets:
+        datasets["MATH maj8"] = load_math(d, tok, math_prompts, args.math_group)
+    if "skyt1" in args.datasets:
+        datasets["Sky-T1 ckpts"] = load_skyt1(d, tok, sky_prompts, with_capped=not args.quick)
     meta = {"mode": "quick" if args.quick else "full", "engines": args.engines, "gate": args.gate, "k": ks}
+    meta["routing"] = args.routing
     meta["command"] = "python benchmarks/bench_sam.py " + " ".join(argv if argv is not None else sys.argv[1:])
     for name, rounds in datasets.items():
         reqs = [r for rr in rounds for r in rr]
@@ -534,7 +545,7 @@ def main(argv=None) -> int:
                 row = {
                     "data": name,
                     "replay": "concurrent",
-                    **run_one(dname, build, rounds, k, args.engines, args.gate),
+                    **run_one(dname, build, rounds, k, args.engines, args.gate, by_prompt=args.routing == "prompt"),
                 }
                 results.append(row)
                 print(f"{name:13s} k={k} {dname:34s} {fmt(row)}", flush=True)
@@ -612,7 +623,8 @@ def markdown(saved: dict) -> str:
 
 
 def plot(results: list[dict], path: Path) -> None:
-    """Tokens per target forward pass against k (concurrent replay), one panel per data set."""
+    """Tail tokens per target forward pass (steps at or below the gate) against k (concurrent replay),
+    one panel per data set."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -624,11 +636,11 @@ def plot(results: list[dict], path: Path) -> None:
     for ax, name in zip(axes[0], datasets, strict=True):
         rows = [r for r in conc if r["data"] == name]
         for drafter in dict.fromkeys(r["drafter"] for r in rows):
-            pts = sorted((r["k"], r["tokens_per_pass"]) for r in rows if r["drafter"] == drafter)
+            pts = sorted((r["k"], r["tail_tokens_per_pass"]) for r in rows if r["drafter"] == drafter)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=drafter)
-        ax.set_title(f"{name} (concurrent replay)")
+        ax.set_title(f"{name} (concurrent replay, tail)")
         ax.set_xlabel("draft length k")
-        ax.set_ylabel("accepted tokens per target forward")
+        ax.set_ylabel("tokens per target forward, batch <= gate")
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()

@@ -214,13 +214,16 @@ def replay_rounds(
     max_num_seqs: int = 1 << 30,
     end_round: Callable[[], None] | None = None,
     nbytes: Callable[[Drafter], int] | None = None,
+    by_prompt: bool = False,
 ) -> Stats:
     """Replay ``rounds`` (one list of requests per RL step) on ``engines`` engines; see the module doc.
 
     ``make_drafter(engine_index)`` builds each engine's drafter once; the drafters persist across
     rounds. Within a round, request ``i`` goes to engine ``i % engines`` (round-robin in batch
-    order). ``end_round`` is called after every round (e.g. to publish a history store); ``nbytes``
-    reads a drafter's memory, whose maximum at a round's end is ``Stats.peak_bytes``.
+    order), or with ``by_prompt`` to engine ``group_key % engines`` (a prompt-affine router: every
+    sibling, and the prompt in every round, on one engine). ``end_round`` is called after every
+    round (e.g. to publish a history store); ``nbytes`` reads a drafter's memory, whose maximum at a
+    round's end is ``Stats.peak_bytes``.
     Raises ValueError on a non-positive ``engines``, ``k`` or ``max_num_seqs``.
     """
     if engines < 1 or k < 1 or max_num_seqs < 1:
@@ -229,7 +232,8 @@ def replay_rounds(
     stats = Stats()
     for reqs in rounds:
         for e, d in enumerate(drafters):
-            run_engine(d, reqs[e::engines], k, gate, max_num_seqs, stats)
+            mine = [r for r in reqs if r.group_key % engines == e] if by_prompt else reqs[e::engines]
+            run_engine(d, mine, k, gate, max_num_seqs, stats)
         if end_round is not None:
             end_round()
         if nbytes is not None:

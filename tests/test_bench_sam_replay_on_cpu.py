@@ -131,6 +131,11 @@ def test_engines_get_requests_round_robin_and_see_only_their_own():
     assert [m.started for m in made] == [["r0", "r2", "r4"], ["r1", "r3"]]
     for m in made:
         assert {rid for _, seen, _ in m.proposals for rid in seen} <= set(m.started)
+    # prompt-affine routing: engine = group_key % engines
+    rs = [Request(f"p{i}", i % 3, PROMPT, ANS[:4]) for i in range(6)]
+    made.clear()
+    replay_rounds(make, [rs], k=2, engines=2, gate=32, by_prompt=True)
+    assert [m.started for m in made] == [["p0", "p2", "p3", "p5"], ["p1", "p4"]]
 
 
 def test_gate_drafts_only_at_small_batches_and_defines_the_tail():
