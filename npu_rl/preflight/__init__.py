@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from npu_rl import settings as feature_settings
-from npu_rl.preflight import checks, fastpath
+from npu_rl.preflight import async_checks, checks, fastpath
 from npu_rl.preflight import memo as memo_mod
-from npu_rl.preflight.compose import Cli, check_overrides, compose_config, split_cli
+from npu_rl.preflight.compose import Cli, check_overrides, compose_config, split_cli, verl_package_dir
 from npu_rl.preflight.libraries import check_hand_rules, check_libraries
 from npu_rl.preflight.model import (
     MODELS_DIR,
@@ -87,29 +87,40 @@ def run_preflight(args: list[str], env: Mapping[str, str], trainer: str = "sync"
         report.error("composition", f"verl's config did not compose: {e}")
         return Result(report)
     facts: dict = {}
+    if cli.trainer != "sync":
+        async_checks.mirror_entry_point(cfg)
     plan = _check_composed(cli, cfg, env, report, facts)
     return Result(report, plan, facts)
 
 
 def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts: dict) -> list[tuple[str, str]]:
     sel = checks.sel
-    if not checks.check_values(cfg, report):
+    separate = cli.trainer != "sync"  # trainer and rollout on separate pools (npu_rl.preflight.async_checks)
+    if separate:
+        # verl's own asserts of the trainer first: they name the values its arithmetic below needs
+        async_checks.check_verl_asserts(cfg, verl_package_dir(), cli.trainer, report)
+    if not checks.check_values(cfg, report, zero_train_batch=cli.trainer == "fully_async"):
         return [("checks", "stopped: fix the values above first (every other check does arithmetic on them)")]
     model_path = str(sel(cfg, "actor_rollout_ref.model.path", ""))
     override = sel(cfg, "actor_rollout_ref.model.override_config", {}) or {}
     model, config_json = _model_facts(model_path, env, report, _plain(override))
     _check_files(cfg, model_path, env, report, config_only=feature_settings.is_on("NPU_RL_RANDOM_INIT", env))
-    world = checks.check_resources(cfg, env, report)
+    pools = async_checks.check_pools(cfg, env, report) if separate else None
+    world = pools.trainer_dies if pools else checks.check_resources(cfg, env, report)
+    rollout_world = pools.rollout_dies if pools else world
     lay = checks.train_layout(cfg, world)
     roll = checks.rollout_layout(cfg)
     npus_per_node = int(env.get("NPUS_PER_NODE") or sel(cfg, "trainer.n_gpus_per_node", 8))
-    checks.check_batches(cfg, lay, report)
+    # The fully-async trainer's step batch is required_samples = ppo_mini_batch_size x require_batches
+    # prompts from the queue (data.train_batch_size is 0 there): verl's rules and ours judge that batch.
+    step_cfg = _fully_async_step_config(cfg) if cli.trainer == "fully_async" else cfg
+    checks.check_batches(step_cfg, lay, report)
     checks.check_ignored_batch_keys(cfg, report)
     checks.check_reward_and_dapo(cfg, report)
     memo = _open_memo(cfg, cli.injected, env, config_json, report)
     with memo.stage("verl validate_config", report) as run:
         if run:
-            _verl_validate(cfg, report, cli.injected)
+            _verl_validate(step_cfg, report, cli.injected)
     node_env = json.loads(env["NPU_RL_NODE_FEATURE_ENV"]) if env.get("NPU_RL_NODE_FEATURE_ENV") else None
     feats = feature_settings.check(env, lambda k: sel(cfg, k), node_env)
     check_sampler(cfg, env, report)
@@ -128,33 +139,60 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     memo.save()
     fast = fastpath.FastPath.from_json(memo.get("fast_path"))
     check_hand_rules(cfg, env, report)
-    plan = [
-        ("config", f"{cli.config_name} ({cli.config_dir})"),
-        ("cluster", f"{sel(cfg, 'trainer.nnodes')} node(s) x {sel(cfg, 'trainer.n_gpus_per_node')} dies = {world}"),
-        ("trainer", f"{'V1' if sel(cfg, 'trainer.use_v1', True) else 'legacy'}, {sel(cfg, 'algorithm.adv_estimator')}"),
-        ("library checks", memo.status),
-    ]
+    if separate:
+        kind = {"fully_async": "fully-async", "one_step_off": "one-step-off-policy"}[cli.trainer]
+        plan = [
+            ("config", f"{cli.config_name} ({cli.config_dir})"),
+            (
+                "cluster",
+                f"{pools.total} dies = trainer pool {pools.trainer_nodes} node(s) x {pools.trainer_per_node} dies = "
+                f"{pools.trainer_dies} + rollout pool {pools.rollout_nodes} node(s) x {pools.rollout_per_node} dies = "
+                f"{pools.rollout_dies}",
+            ),
+            ("trainer", f"{kind} ({cli.trainer}), {sel(cfg, 'algorithm.adv_estimator')}"),
+            ("library checks", memo.status),
+            ("weight sync", async_checks.check_checkpoint_engine(cfg, env, report)),
+        ]
+        if cli.trainer == "fully_async":
+            replicas = pools.rollout_dies // roll.replica if roll.replica else 0
+            plan += async_checks.check_queue(cfg, report, replicas)
+            plan.append(("partial rollout", async_checks.check_partial_rollout(cfg, verl_package_dir(), report)))
+        else:
+            plan.append(("staleness", "one step: the rollout generates step k+1's batch while step k trains"))
+        async_checks.check_features(cfg, cli.trainer, feats.on, report)
+    else:
+        plan = [
+            ("config", f"{cli.config_name} ({cli.config_dir})"),
+            ("cluster", f"{sel(cfg, 'trainer.nnodes')} node(s) x {sel(cfg, 'trainer.n_gpus_per_node')} dies = {world}"),
+            (
+                "trainer",
+                f"{'V1' if sel(cfg, 'trainer.use_v1', True) else 'legacy'}, {sel(cfg, 'algorithm.adv_estimator')}",
+            ),  # noqa: E501
+            ("library checks", memo.status),
+        ]
     if checks.sel(cfg, "trainer.device", "npu") != "cpu" and env.get("VERL_PLATFORM") != "cpu":
         plan.append(("rollout graphs", fastpath.plan_value(fast)))
     if model is None:
         return plan
     lengths = checks.check_lengths(cfg, model, report)
-    checks.check_layout(cfg, lay, roll, model, npus_per_node, report)
+    checks.check_layout(cfg, lay, roll, model, npus_per_node, report, rollout_world=rollout_world)
     if any(f.env == "ALL_TO_ALL_RESHARD" for f in feats.on):
         checks.check_reshard_settings(cfg, env, report)
         checks.check_reshard_layout(lay, roll, model, report)
     if any(f.env == "NPU_RL_RANDOM_INIT" for f in feats.on):
         checks.check_random_init(cfg, report)
     est = checks.estimate_memory(cfg, lay, roll, model, graph=fast.graph_gib if fast is not None else 0.0)
-    checks.check_memory(cfg, est, lengths, report, lay)
+    checks.check_memory(cfg, est, lengths, report, lay, separate_pools=separate)
     dense, expert = model.params()
     tbs, n = sel(cfg, "data.train_batch_size"), sel(cfg, "actor_rollout_ref.rollout.n")
     dapo = sel(cfg, "reward.reward_manager.name") == "dapo" or bool(sel(cfg, "algorithm.filter_groups.enable", False))
     facts.update(
         model=Path(model_path.rstrip("/")).name,
         algorithm="DAPO" if dapo else str(sel(cfg, "algorithm.adv_estimator")).upper(),
-        nodes=int(sel(cfg, "trainer.nnodes")),
+        nodes=int(sel(cfg, "trainer.nnodes")) + (pools.rollout_nodes if pools else 0),
         dies_per_node=int(sel(cfg, "trainer.n_gpus_per_node")),
+        trainer=cli.trainer,
+        pools=f"{pools.trainer_dies} train + {pools.rollout_dies} rollout" if pools else "",
         prompt=lengths["prompt"],
         response=lengths["response"],
         gbs=int(tbs),
@@ -164,7 +202,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         else f"{lay.engine} DP{lay.dp}",
         rollout=f"vLLM TP{roll.tp} DP{roll.dp}"
         + (f" EP{roll.ep}" if roll.ep > 1 else "")
-        + f" x{world // roll.replica}"
+        + f" x{rollout_world // roll.replica}"
         + (f", {fast.summary}" if fast is not None else ""),
         fast_path=fastpath.as_json(fast),
     )
@@ -184,13 +222,17 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         ),
         (
             "rollout layout",
-            f"TP {roll.tp} DP {roll.dp} PP {roll.pp} EP {roll.ep}: {world // roll.replica if roll.replica else 0} "
-            f"replica(s) of {roll.replica} dies",
+            f"TP {roll.tp} DP {roll.dp} PP {roll.pp} EP {roll.ep}: "
+            f"{rollout_world // roll.replica if roll.replica else 0} replica(s) of {roll.replica} dies"
+            + (f" on the rollout pool's {rollout_world}" if separate else ""),
         ),
         (
             "batch",
             f"{tbs} prompts x n {n} = {int(tbs) * int(n)} trajectories/step; mini-batch {mini} prompts "
-            f"({int(mini) * int(n) / max(lay.dp, 1):g} trajectories per DP rank)",
+            f"({int(mini) * int(n) / max(lay.dp, 1):g} trajectories per DP rank)"
+            if cli.trainer != "fully_async"
+            else f"streamed: data.train_batch_size 0, n {n}; mini-batch {mini} prompts "
+            f"({int(mini) * int(n) / max(lay.dp, 1):g} trajectories per DP rank), see async queue",
         ),
         (
             "lengths",
@@ -210,6 +252,21 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         ("features on", ", ".join(f.name for f in feats.on) or "none"),
     ]
     return plan
+
+
+def _fully_async_step_config(cfg):
+    """A copy of ``cfg`` whose ``data.train_batch_size`` is the fully-async trainer's step batch,
+    ``ppo_mini_batch_size x async_training.require_batches`` prompts (``fully_async_trainer.py``
+    ``required_samples``), for the batch rules written for ``main_ppo``'s batch."""
+    from omegaconf import OmegaConf, open_dict
+
+    step = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    mini = checks.sel(cfg, f"{checks.A}.ppo_mini_batch_size", 0)
+    rb = checks.sel(cfg, "async_training.require_batches", 1)
+    if isinstance(mini, int) and isinstance(rb, int) and not isinstance(rb, bool) and mini > 0 and rb > 0:
+        with open_dict(step):
+            step.data.train_batch_size = mini * rb
+    return step
 
 
 def _check_files(cfg, model_path: str, env: Mapping[str, str], report: Report, config_only: bool = False) -> None:

@@ -6,6 +6,7 @@ stops at the first finding. Rules follow the code that would fail at run time (c
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 from collections.abc import Mapping
@@ -21,11 +22,12 @@ A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"
 
 
-def check_values(cfg, report: Report) -> bool:
+def check_values(cfg, report: Report, zero_train_batch: bool = False) -> bool:
     """Every number the other checks use must resolve and be in range; False (with errors) otherwise.
 
     Runs first so that ``trainer.n_gpus_per_node=auto`` or an unset ``${oc.env:...}`` becomes one
-    finding naming the key instead of a crash in the arithmetic.
+    finding naming the key instead of a crash in the arithmetic. ``zero_train_batch``: the fully-async
+    trainer, whose ``data.train_batch_size`` is 0 (verl's own assert judges it).
     """
     from omegaconf import OmegaConf
 
@@ -38,6 +40,8 @@ def check_values(cfg, report: Report) -> bool:
         f"{R}.expert_parallel_size", f"{R}.max_model_len", f"{R}.max_num_batched_tokens", f"{R}.max_num_seqs",
         f"{A}.ppo_micro_batch_size_per_gpu", f"{A}.ppo_max_token_len_per_gpu", f"{A}.ulysses_sequence_parallel_size",
     ]  # fmt: skip
+    if zero_train_batch:
+        positive.remove("data.train_batch_size")
     if eng:
         positive += [
             f"{eng}.{k}_parallel_size"
@@ -279,8 +283,17 @@ def _example_mini(tbs: int, n: int, dp: int) -> str:
     return ""
 
 
-def check_layout(cfg, lay: TrainLayout, roll: RolloutLayout, model: ModelFacts, npus_per_node: int, report: Report):
-    """Parallel sizes vs the model and the devices.
+def check_layout(
+    cfg,
+    lay: TrainLayout,
+    roll: RolloutLayout,
+    model: ModelFacts,
+    npus_per_node: int,
+    report: Report,
+    rollout_world: int | None = None,
+):
+    """Parallel sizes vs the model and the devices. ``rollout_world``: the dies the rollout replicas tile
+    (the rollout pool of a separate-pool trainer; default: the training world, colocated).
 
     Training (megatron-core): TP divides attention heads and KV heads (num_query_groups), PP (x VPP)
     divides layers unless an uneven split is configured, EP divides experts, TP·PP·CP divides the world
@@ -362,12 +375,14 @@ def check_layout(cfg, lay: TrainLayout, roll: RolloutLayout, model: ModelFacts, 
         )
     # Replica placement: verl's resource pool hands each replica TP x DP x PP consecutive dies, and
     # RolloutReplica.__init__ (verl/workers/rollout/replica.py:114-118) asserts whole nodes per replica.
-    if roll.replica > lay.world or lay.world % roll.replica:
+    rw = lay.world if rollout_world is None else rollout_world
+    if roll.replica > rw or rw % roll.replica:
         report.error(
             rk,
             f"a rollout replica is TP {roll.tp} x DP {roll.dp} x PP {roll.pp} = {roll.replica} dies, which does "
-            f"not tile {lay.world} dies",
-            f"choose TP x DP x PP dividing {lay.world}",
+            f"not tile {rw} dies"
+            + (" (the rollout pool: rollout.nnodes x rollout.n_gpus_per_node)" if rollout_world else ""),
+            f"choose TP x DP x PP dividing {rw}",
         )
     elif roll.replica > npus_per_node and roll.replica % npus_per_node:
         report.error(
@@ -499,6 +514,11 @@ def estimate_memory(
     switches["optimizer"] = f"{section}.optimizer_offload"
     offload = {part: bool(sel(cfg, key, False)) for part, key in switches.items()}
     w, g, o = on_die * 2 / GB, on_die * 4 / GB, opt_params * 12 / GB
+    # megatron-core's HybridDeviceOptimizer (optimizer/__init__.py: optimizer_cpu_offload) keeps the share
+    # optimizer_offload_fraction (its default 0.0) of the master weights and moments on the host, and steps there
+    host = sel(cfg, f"{A}.optim.override_optimizer_config", None) or {}
+    if section != f"{A}.fsdp_config" and host.get("optimizer_cpu_offload"):
+        o *= 1 - min(max(float(host.get("optimizer_offload_fraction", 0.0) or 0.0), 0.0), 1.0)
     resident = (0 if offload["param"] else w) + (0 if offload["grad"] else g) + (0 if offload["optimizer"] else o)
     resident_keys = tuple(dict.fromkeys(key for part, key in switches.items() if not offload[part]))
     ep_split = roll.tp * roll.dp if roll.ep > 1 else roll.tp
@@ -511,10 +531,23 @@ def estimate_memory(
     return MemoryEstimate(w, g, o, resident, rw, kv_budget, kv_tokens, resident_keys, sharded, graph)
 
 
-def check_memory(cfg, est: MemoryEstimate, lengths: Mapping[str, int], report: Report, lay: TrainLayout | None = None):
+def check_memory(
+    cfg,
+    est: MemoryEstimate,
+    lengths: Mapping[str, int],
+    report: Report,
+    lay: TrainLayout | None = None,
+    separate_pools: bool = False,
+):
     """The per-die estimate against the HBM of an A3 die. A phase the estimate alone puts over the HBM
-    fails at run time (an error); training within 10% of it, before activations, is a warning."""
+    fails at run time (an error); training within 10% of it, before activations, is a warning.
+    ``separate_pools``: training and rollout dies differ (nothing of training stays beside vLLM, and the
+    rollout's ACL graph pool is on the rollout's dies)."""
     hbm = HBM_PER_DIE_GB
+    if separate_pools:
+        # the training dies hold no graph pool; the rollout dies hold no training state
+        report_graph = est.graph
+        est = dataclasses.replace(est, graph=0.0)
     megatron = lay is not None and lay.engine in ("megatron", "mindspeed")
     train = (
         f"weights {est.train_weights:.1f} + grads {est.train_grads:.1f} + optimizer {est.train_optimizer:.1f} "
@@ -543,6 +576,8 @@ def check_memory(cfg, est: MemoryEstimate, lengths: Mapping[str, int], report: R
             )
     util = float(sel(cfg, f"{R}.gpu_memory_utilization", 0.5))
     key = f"{R}.gpu_memory_utilization"
+    if separate_pools:
+        est = dataclasses.replace(est, graph=report_graph, resident_in_rollout=0.0, resident_keys=())
     if est.resident_in_rollout + util * hbm + est.graph > hbm:
         room = max(int((hbm - est.resident_in_rollout - est.graph) / hbm * 100) / 100, 0)
         fixes = [f"set {k}=True" for k in est.resident_keys]
