@@ -43,7 +43,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from npu_rl.spec_decode.corpus import SamDrafter, prompt_key  # noqa: E402
+from npu_rl.spec_decode.corpus import SamDrafter, SamDrafterV1, prompt_key  # noqa: E402
 from npu_rl.spec_decode.history import HistoryStore, LocalHistory  # noqa: E402
 
 MATH = "samples_qwen25math_maj8/math_cot_100.jsonl"
@@ -105,14 +105,15 @@ def load_skyt1(d: Path, tok, recipe: str) -> tuple[list[tuple[np.ndarray, list[n
 
 
 # ---------------------------------------------------------------------------------------- sections
-def section_steps(groups, k: int, n_requests: int, gate: bool, label: str) -> dict:
-    """All requests decode together; time every engine step's drafter calls."""
+def section_steps(groups, k: int, n_requests: int, gate: bool, label: str, v1: bool = False) -> dict:
+    """All requests decode together; time every engine step's drafter calls (``v1``: the issue-6
+    drafter, whose group corpus takes a finished response in one insert)."""
     reqs = []
     for gi, (prompt, resps) in enumerate(groups):
         for ri, r in enumerate(resps):
             if r is not None and len(reqs) < n_requests:
                 reqs.append((f"{gi}-{ri}", prompt, r))
-    d = SamDrafter(k, group_budget_bytes=1 << 40)
+    d = SamDrafterV1(k, group_budget_bytes=1 << 40) if v1 else SamDrafter(k, group_budget_bytes=1 << 40)
     t0 = time.thread_time()
     for rid, prompt, _ in reqs:
         d.start(rid, prompt)
@@ -133,13 +134,22 @@ def section_steps(groups, k: int, n_requests: int, gate: bool, label: str) -> di
         for rid, _, _ in live:
             pos[rid] += 1
         done = [x for x in live if pos[x[0]] >= len(x[2])]
+        t0 = time.thread_time()
         for rid, _, _ in done:
-            d.finish(rid)
+            d.drop(rid) if v1 else d.finish(rid)
+        step_s[-1] += time.thread_time() - t0
         live = [x for x in live if pos[x[0]] < len(x[2])]
-    st = d.stats()
     s = np.array(step_s)
-    grows = sum(g.gsam.grows for g in d.groups.values())
+    if v1:
+        tokens_in = sum(len(x.sam) for x in d.corpus._groups.values())
+        st = {"tokens": tokens_in, "bytes_per_token": d.corpus.nbytes / tokens_in}
+        st["used_bytes_per_token"] = sum(x.used_bytes for x in d.corpus._groups.values()) / tokens_in
+        grows = 0
+    else:
+        st = d.stats()
+        grows = sum(g.gsam.grows for g in d.groups.values())
     row = {
+        "drafter": "V1 (issue 6: finished responses inserted at drop)" if v1 else "issue 20 (group automaton)",
         "label": label,
         "requests": len(reqs),
         "mode": "catch-up only (gated)" if gate else f"drafting k={k}",
@@ -155,7 +165,7 @@ def section_steps(groups, k: int, n_requests: int, gate: bool, label: str) -> di
         "used_bytes_per_token": st["used_bytes_per_token"],
     }
     print(
-        f"[steps] {label}: {row['requests']} requests, {row['mode']}: engine step drafter time mean "
+        f"[steps] {row['drafter']}, {label}: {row['requests']} requests, {row['mode']}: engine step drafter time mean "
         f"{row['step_ms_mean']:.3f} ms, p99 {row['step_ms_p99']:.3f} ms, worst {row['step_ms_worst']:.3f} ms; "
         f"{row['us_per_token']:.2f} us/token; {grows} automaton growths; "
         f"{row['bytes_per_token']:.1f} B/token allocated, {row['used_bytes_per_token']:.1f} B/token in use; "
@@ -164,13 +174,14 @@ def section_steps(groups, k: int, n_requests: int, gate: bool, label: str) -> di
     return row
 
 
-def _replay_round(d: SamDrafter, items, k: int) -> tuple[int, int, int, int, float]:
-    """Concurrent replay of one round; (tokens, forwards, drafting forwards, tokens in drafting forwards, s)."""
+def _replay_round(d: SamDrafter, items, k: int) -> tuple[int, int, int, int, float, int]:
+    """Concurrent replay of one round; (tokens, forwards, drafting forwards, tokens in drafting
+    forwards, drafter seconds, draft tokens proposed)."""
     live = []
     for rid, prompt, resp in items:
         d.start(rid, prompt)
         live.append([rid, resp, 0, np.empty(0, np.int32)])
-    tokens = forwards = dforwards = dtokens = 0
+    tokens = forwards = dforwards = dtokens = drafted = 0
     t_draft = 0.0
     while live:
         t0 = time.thread_time()
@@ -188,6 +199,7 @@ def _replay_round(d: SamDrafter, items, k: int) -> tuple[int, int, int, int, flo
             if len(draft):
                 dforwards += 1
                 dtokens += emit
+                drafted += len(draft)
             pos += emit
             item[2] = pos
             if pos < n:
@@ -197,7 +209,7 @@ def _replay_round(d: SamDrafter, items, k: int) -> tuple[int, int, int, int, flo
         for item in [x for x in live if x[2] >= len(x[1])]:
             d.finish(item[0])
         live = [x for x in live if x[2] < len(x[1])]
-    return tokens, forwards, dforwards, dtokens, t_draft
+    return tokens, forwards, dforwards, dtokens, t_draft, drafted
 
 
 def section_replay(rounds, k: int, label: str, history_mb: int) -> list[dict]:
@@ -205,16 +217,19 @@ def section_replay(rounds, k: int, label: str, history_mb: int) -> list[dict]:
     rows = []
     for history, adaptive in ((False, False), (True, False), (True, True)):
         store = HistoryStore(history_mb << 20) if history else None
-        tot = [0, 0, 0, 0, 0.0]
+        tot = [0, 0, 0, 0, 0.0, 0]
         for r, items in enumerate(rounds):
             d = SamDrafter(
-                k, group_budget_bytes=1 << 40, adaptive_k=adaptive, history=LocalHistory(store) if store else None
+                k,
+                group_budget_bytes=1 << 40,
+                adaptive_k=adaptive,
+                history=LocalHistory(store) if store is not None else None,
             )
             res = _replay_round(d, items, k)
             if r == 0 and len(rounds) > 1:
                 continue  # round 0 only fills the history: every variant is scored on rounds 1..
             tot = [a + b for a, b in zip(tot, res, strict=True)]
-        tokens, fwd, dfwd, dtok, secs = tot
+        tokens, fwd, dfwd, dtok, secs, drafted = tot
         row = {
             "label": label,
             "k": k,
@@ -224,12 +239,14 @@ def section_replay(rounds, k: int, label: str, history_mb: int) -> list[dict]:
             "tokens_per_drafting_forward": dtok / max(dfwd, 1),
             "drafting_forwards": dfwd / fwd,
             "us_per_token": 1e6 * secs / tokens,
+            "draft_tokens_per_forward": drafted / fwd,
         }
         rows.append(row)
         print(
             f"[replay] {label} k={k} history={'on' if history else 'off'} adaptive_k={'on' if adaptive else 'off'}: "
             f"{row['tokens_per_forward']:.3f} tokens/forward ({row['tokens_per_drafting_forward']:.3f} over the "
-            f"{100 * row['drafting_forwards']:.0f}% forwards that drafted), drafter {row['us_per_token']:.2f} us/token"
+            f"{100 * row['drafting_forwards']:.0f}% forwards that drafted), {row['draft_tokens_per_forward']:.2f} "
+            f"draft tokens verified per forward, drafter {row['us_per_token']:.2f} us/token"
         )
     return rows
 
@@ -360,6 +377,8 @@ def main() -> None:
             section_steps(math, args.k, args.requests, gate=False, label="MATH maj8"),
             section_steps(math, args.k, args.requests, gate=True, label="MATH maj8"),
             section_steps(sky, args.k, args.requests, gate=False, label=f"Sky-T1 {args.skyt1_recipe} (by checkpoint)"),
+            section_steps(math, args.k, args.requests, gate=False, label="MATH maj8", v1=True),
+            section_steps(sky, args.k, args.requests, False, f"Sky-T1 {args.skyt1_recipe} (by checkpoint)", v1=True),
         ]
     per = 8 // args.math_rounds
     math_rounds = [

@@ -7,11 +7,14 @@ drive it the same way)::
                    history=LocalHistory(HistoryStore(512 << 20)))   # or RayHistory(...), or None
     d.start(req_id, prompt_ids, num_prompt=None, key=None)  # key: group key, default prompt_key(prompt)
     draft = d.step(req_id, new_tokens, max_draft=None)      # feed the tokens sampled since the last
-                                                            # call (int32 array), get up to k tokens
+                                                            # call (int32 array), get up to k tokens;
+                                                            # max_draft=0 feeds only, an empty array
+                                                            # proposes only
     d.tick()                                                # once per engine step: history inserts
     d.finish(req_id, reward=None)                           # done: its output goes to the history
     d.drop(req_id)                                          # aborted/preempted: not to the history
     d.k_of(req_id); d.counters(req_id); d.stats()           # adaptive k, drafted/accepted, memory
+    d.history.add(key, tokens, reward); d.history.store.get(key)   # the store directly (LocalHistory)
 
 - Group: every request of one key (the n samples of a prompt, and the same prompt again in a later
   round served by this engine) is a *stream* of one :class:`~npu_rl.spec_decode.gsam.GroupAutomaton`,

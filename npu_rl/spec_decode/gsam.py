@@ -358,7 +358,7 @@ def _score(new, st):
 def _step(new, a, m, h, ho, st, out, kcap):
     """Score the last draft, append ``new`` to stream ``st``, write a draft of at most
     ``min(S_KCUR, kcap)`` tokens; -1 when the arena must grow first (``m[DONE]`` appended)."""
-    if st[S_NDRAFT] > 0:
+    if st[S_NDRAFT] > 0 and new.shape[0] > 0:  # an empty feed (a re-propose) scores nothing
         _score(new, st)
     _extend(new, a, m, h, ho, st)
     if m[DONE] < new.shape[0]:
