@@ -172,13 +172,16 @@ def run_setting(
     seed: int,
     sync_model: WeightSyncModel,
     trainer_factor: float = 1.0,
+    pool_trainer_factor: float = 1.0,
 ) -> dict:
     trainer = st.trainer.scaled(trainer_factor)
+    pool_trainer = trainer.scaled(pool_trainer_factor)  # the separate trainer pool (async, one-step-off)
     out: dict = {
         "setting": st.name,
         "dies": st.dies,
         "trainer_source": trainer.source,
         "trainer_factor": trainer_factor,
+        "pool_trainer_factor": pool_trainer_factor,
     }
     # sync recipe on all dies
     cost, cfg = st.rollout(st.dies)
@@ -216,7 +219,7 @@ def run_setting(
     for r in st.splits:
         tdies = st.dies - r
         cost, cfg = st.rollout(r)
-        train_s = lambda tok, d=tdies: trainer.step_s(tok, d, 0)  # noqa: E731
+        train_s = lambda tok, d=tdies: pool_trainer.step_s(tok, d, 0)  # noqa: E731
         # one-step-off: batch = the sync GBS; bypass mode too (its config sets rollout_correction.bypass_mode)
         t = time.perf_counter()
         ores = simulate_one_step_off(
@@ -288,6 +291,37 @@ def run_setting(
     best = max(out["async"], key=lambda a: a["tok_s_die"])
     out["best_async"] = best
     out["best_one_step_off"] = max(out["one_step_off"], key=lambda a: a["tok_s_die"])
+    # verl's default async_training.concurrent_samples_per_replica = 16 prompts per verl replica (one vLLM
+    # server: TP x DP x PP dies). 32B: a TP8 server, 16 x n 16 = its 256 slots. 235B: ONE server over all
+    # rollouter dies (DP inside), so 16 prompts = 256 sequences for all of its DP ranks.
+    r = best["rollout_dies"]
+    servers = r // 8 if st.dies_per_replica == 8 else 1
+    cost, cfg = st.rollout(r)
+    acfg = AsyncConfig(
+        n=N,
+        required_samples=st.mini,
+        trigger_parameter_sync_step=st.trigger,
+        staleness_threshold=best["staleness_threshold"],
+        max_concurrent_samples=16 * servers,
+        sync_s=sync_model.sync_s(st.params_b),
+        resume_s=sync_model.resume_s,
+    )
+    ares = simulate_fully_async(
+        src,
+        cost,
+        cfg,
+        acfg,
+        lambda tok: pool_trainer.step_s(tok, st.dies - r, 0),
+        st.trigger * (versions + 1),
+        seed=seed,
+    )
+    tok, ms, _ = ares.throughput(warmup=st.trigger)
+    out["best_with_verl_default_concurrency"] = {
+        "rollout_dies": r,
+        "max_concurrent_samples": 16 * servers,
+        "tok_s_die": per_die(tok, ms, st.dies),
+        "ratio_to_sync": per_die(tok, ms, st.dies) / sync_tps,
+    }
     return out
 
 
@@ -295,7 +329,7 @@ def print_setting(res: dict, workload: str) -> None:
     s = res["sync"]
     print(f"\n== {res['setting']} ({res['dies']} dies), workload {workload}")
     print(
-        f"   trainer model: {res['trainer_source']} (x{res['trainer_factor']}); "
+        f"   trainer model: {res['trainer_source']} (x{res['trainer_factor']}, pool x{res['pool_trainer_factor']}); "
         f"weight sync {res['weight_sync_s']:.1f} s"
     )
     print(
@@ -319,6 +353,11 @@ def print_setting(res: dict, workload: str) -> None:
         )
     b = res["best_async"]
     rb = res["resource_bound_tok_s_die"]
+    d = res["best_with_verl_default_concurrency"]
+    print(
+        f"   same split with verl's default concurrent_samples_per_replica=16 ({d['max_concurrent_samples']} prompts "
+        f"in flight): {d['tok_s_die']:.1f} tok/s/die, x{d['ratio_to_sync']:.2f} vs sync"
+    )
     print(
         f"   resource bound {rb:.1f} tok/s/die (all dies always busy, full decode slots, no old log-prob, no sync): "
         f"sync reaches {s['tok_s_die'] / rb:.0%}, best fully-async {b['tok_s_die'] / rb:.0%}"
@@ -336,13 +375,13 @@ def plot(results: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = sorted({(r["setting"], r["dies"]) for r in results})
+    keys = sorted({(r["setting"], r["dies"]) for r in results}, key=lambda k: k[1])
     fig, axes = plt.subplots(1, len(keys), figsize=(6.2 * len(keys), 4.4), squeeze=False)
     for ax, (name, dies) in zip(axes[0], keys, strict=True):
-        for r in (x for x in results if x["setting"] == name):
+        for k, r in enumerate(x for x in results if x["setting"] == name):
             wl = r["workload_short"]
-            line = ax.axhline(r["sync"]["tok_s_die"], ls=":", lw=1.2)
-            col = line.get_color()
+            col = f"C{k}"
+            line = ax.axhline(r["sync"]["tok_s_die"], ls=":", lw=1.2, color=col)
             for stale in sorted({a["staleness_threshold"] for a in r["async"]}):
                 pts = [(a["rollout_dies"], a["tok_s_die"]) for a in r["async"] if a["staleness_threshold"] == stale]
                 ax.plot(
@@ -375,6 +414,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--versions", type=int, default=0, help="measured weight versions (after one warm-up)")
     ap.add_argument("--staleness", default=None, help="comma list (default 0,0.5; --quick 0.5)")
     ap.add_argument("--trainer-factor", type=float, default=1.0, help="trainer time x this (sensitivity)")
+    ap.add_argument(
+        "--pool-trainer-factor",
+        type=float,
+        default=1.0,
+        help="separate trainer pool's time x this (0.5: the pool trains as fast per step as all dies colocated)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data-dir", type=Path, default=REPO.parent / "shared" / "data")
     ap.add_argument("--out-json", type=Path, default=None, help="default docs/async_sim.json (none with --quick)")
@@ -398,7 +443,17 @@ def main(argv: list[str] | None = None) -> int:
         for name in settings:
             st = {"32b": setting_32b, "235b": setting_235b}[name](quick)
             sync_steps = 2 if quick else (4 if name == "32b" else 3)
-            res = run_setting(st, src, versions, sync_steps, staleness, args.seed, sync_model, args.trainer_factor)
+            res = run_setting(
+                st,
+                src,
+                versions,
+                sync_steps,
+                staleness,
+                args.seed,
+                sync_model,
+                args.trainer_factor,
+                args.pool_trainer_factor,
+            )
             res["workload"], res["workload_short"] = desc, wl
             if name == "235b" and wl == "curve":
                 res["sync_gen_vs_published"] = res["sync"]["gen_s"] / REF_235B_ROLLOUT_S
@@ -411,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ntotal {time.perf_counter() - t_all:.0f} s")
     if out_json:
         meta = {
-            "command": "python benchmarks/bench_async.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "command": " ".join(["python benchmarks/bench_async.py", *(argv if argv is not None else sys.argv[1:])]),
             "seed": args.seed,
             "versions": versions,
             "staleness": staleness,
