@@ -51,17 +51,26 @@ def dry_run(
     return r.returncode, r.stdout + r.stderr, facts
 
 
+#: The README's name of each ``run_verl --trainer`` choice (docs/async.md).
+TRAINER_NAMES = {"sync": "sync", "fully_async": "fully-async", "one_step_off": "one-step-off"}
+
+
 def recipes_table(rows: list[tuple[Path, Path | None, dict]]) -> str:
-    """Markdown table: recipe, env, model, algorithm, nodes x dies, prompt/response, GBS, n, layouts."""
+    """Markdown table: recipe, env, model, algorithm, trainer (with its pools), nodes x dies,
+    prompt/response, GBS (fully-async: prompts per weight sync), n, layouts."""
     out = [
-        "| recipe | env | model | algorithm | nodes × dies | prompt / response | GBS | n | train layout | rollout |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| recipe | env | model | algorithm | trainer | nodes × dies | prompt / response | GBS | n | train layout "
+        "| rollout |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for recipe, env, f in rows:
         rel = recipe.relative_to(REPO_ROOT)
+        trainer = f.get("trainer", "sync")
+        kind = TRAINER_NAMES.get(trainer, trainer) + (f" ({f['pools']} dies)" if f.get("pools") else "")
+        gbs = f"{f['gbs']} per weight sync" if trainer == "fully_async" else f"{f['gbs']}"
         out.append(
-            f"| `{rel}` | `{env.name if env else '-'}` | {f['model']} | {f['algorithm']} | "
-            f"{f['nodes']} × {f['dies_per_node']} | {f['prompt']} / {f['response']} | {f['gbs']} | {f['n']} | "
+            f"| `{rel}` | `{env.name if env else '-'}` | {f['model']} | {f['algorithm']} | {kind} | "
+            f"{f['nodes']} × {f['dies_per_node']} | {f['prompt']} / {f['response']} | {gbs} | {f['n']} | "
             f"{f['train']} | {f['rollout']} |"
         )
     return "\n".join(out)

@@ -195,7 +195,10 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         pools=f"{pools.trainer_dies} train + {pools.rollout_dies} rollout" if pools else "",
         prompt=lengths["prompt"],
         response=lengths["response"],
-        gbs=int(tbs),
+        # fully-async: prompts per weight sync (trainer step batch x trigger_parameter_sync_step)
+        gbs=int(sel(step_cfg, "data.train_batch_size")) * int(sel(cfg, "async_training.trigger_parameter_sync_step"))
+        if cli.trainer == "fully_async"
+        else int(tbs),
         n=int(n),
         train=f"{lay.engine} TP{lay.tp} PP{lay.pp} EP{lay.ep} DP{lay.dp}"
         if lay.engine in ("megatron", "mindspeed")
@@ -246,7 +249,13 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
             f"train {est.train_total:.1f} GiB (w {est.train_weights:.1f} g {est.train_grads:.1f} "
             f"opt {est.train_optimizer:.1f}) + activations; rollout weights {est.rollout_weights:.1f} GiB, "
             f"KV {est.kv_budget:.1f} GiB = {est.kv_tokens} tokens"
-            + (f"; ACL graph pool ~{est.graph:.2f} GiB (held while training)" if est.graph else "")
+            + (
+                f"; ACL graph pool ~{est.graph:.2f} GiB ("
+                + ("on the rollout pool's dies" if separate else "held while training")
+                + ")"
+                if est.graph
+                else ""
+            )
             + f"; against {checks.HBM}",
         ),
         ("features on", ", ".join(f.name for f in feats.on) or "none"),
