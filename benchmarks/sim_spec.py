@@ -3,7 +3,7 @@
 Two parts, one command each:
 
     python benchmarks/sim_spec.py measure [--data-dir DIR] [--out benchmarks/data/spec_acceptance.json]
-    python benchmarks/sim_spec.py [--acceptance benchmarks/data/spec_acceptance.json] [--steps 3] [--no-sweep]
+    python benchmarks/sim_spec.py [--acceptance benchmarks/data/spec_acceptance.json] [--steps 2] [--no-sweep]
 
 ``measure`` replays every response of ``samples_qwen25math_maj8`` and ``samples_skyt1_reasoning_traces``
 (Qwen3 tokenizer ids) through a drafter with a greedy-match verifier: at every target forward pass the
@@ -26,10 +26,12 @@ shows results with and without them.
 
 The report (default) runs :func:`npu_rl.sim.spec.simulate_spec` at the 32B GRPO settings
 (``recipes/qwen3-32b``: 4 TP8 replicas, 256 seqs, 2K/34K; the reference's SAM run: GBS 128 x n 16,
-k 3, gate 8) and the reference's 30B-A3B History Tree settings (16 dies: TP4 x DP4 EP16 in
-lockstep, 1K/16K, GBS 128 x n 8, k 4), first calibrating the verify overhead gamma so that the 32B
-setting reproduces the reference's measured SAM gain (generate time 2444 s -> 2106 s, -13.8%), and
-prints predicted generate-time ratios next to the published figures.
+k 3, gate 8, eager) and the reference's 30B-A3B History Tree settings (16 dies: TP4 x DP4 EP16 in
+lockstep, 1K/16K, GBS 128 x n 8, k 4). It first fits the verify overhead gamma to the reference's
+measured 32B gain (2444 s -> 2106 s, -13.8%; DAPO 4562 -> 4109 s, -9.9%) as a gain of the phase that
+drafts (an engine at <= 8 requests, published as 34% of that rollout), then prints predicted
+generate-time ratios next to the published figures. Figures and their reading: docs/sim.md
+("Speculative decoding").
 """
 
 from __future__ import annotations
@@ -377,7 +379,7 @@ def report(argv) -> int:
     ap = argparse.ArgumentParser(description="simulated generate-time change with speculative decoding")
     ap.add_argument("--acceptance", default=str(DEFAULT_ACCEPTANCE))
     ap.add_argument("--data-dir", help="folder with rollout_traces/ (default ../shared/data)")
-    ap.add_argument("--steps", type=int, default=3, help="sampled steps per setting (seeds 0..steps-1)")
+    ap.add_argument("--steps", type=int, default=2, help="sampled steps per setting (seeds 0..steps-1)")
     ap.add_argument("--no-sweep", action="store_true", help="skip the cost-model corners of the calibration")
     args = ap.parse_args(argv)
     d = Path(args.data_dir or os.environ.get("NPU_RL_DATA_DIR") or REPO.parent / "shared" / "data")
