@@ -173,7 +173,13 @@ def run_setting(
     sync_model: WeightSyncModel,
     trainer_factor: float = 1.0,
     pool_trainer_factor: float = 1.0,
+    rollout_factor: float = 1.0,
 ) -> dict:
+    def rollout(dies: int) -> tuple[CostModel, ReplicaConfig]:
+        cost, cfg = st.rollout(dies)
+        f = rollout_factor
+        return cost.scaled(t0=f, t1=f, t2=f, prefill=f), cfg
+
     trainer = st.trainer.scaled(trainer_factor)
     pool_trainer = trainer.scaled(pool_trainer_factor)  # the separate trainer pool (async, one-step-off)
     out: dict = {
@@ -182,9 +188,10 @@ def run_setting(
         "trainer_source": trainer.source,
         "trainer_factor": trainer_factor,
         "pool_trainer_factor": pool_trainer_factor,
+        "rollout_factor": rollout_factor,
     }
     # sync recipe on all dies
-    cost, cfg = st.rollout(st.dies)
+    cost, cfg = rollout(st.dies)
     t = time.perf_counter()
     sres = simulate_sync(
         src,
@@ -218,7 +225,7 @@ def run_setting(
     out["async"], out["one_step_off"] = [], []
     for r in st.splits:
         tdies = st.dies - r
-        cost, cfg = st.rollout(r)
+        cost, cfg = rollout(r)
         train_s = lambda tok, d=tdies: pool_trainer.step_s(tok, d, 0)  # noqa: E731
         # one-step-off: batch = the sync GBS; bypass mode too (its config sets rollout_correction.bypass_mode)
         t = time.perf_counter()
@@ -296,7 +303,7 @@ def run_setting(
     # rollouter dies (DP inside), so 16 prompts = 256 sequences for all of its DP ranks.
     r = best["rollout_dies"]
     servers = r // 8 if st.dies_per_replica == 8 else 1
-    cost, cfg = st.rollout(r)
+    cost, cfg = rollout(r)
     acfg = AsyncConfig(
         n=N,
         required_samples=st.mini,
@@ -330,6 +337,7 @@ def print_setting(res: dict, workload: str) -> None:
     print(f"\n== {res['setting']} ({res['dies']} dies), workload {workload}")
     print(
         f"   trainer model: {res['trainer_source']} (x{res['trainer_factor']}, pool x{res['pool_trainer_factor']}); "
+        f"rollout cost x{res['rollout_factor']}; "
         f"weight sync {res['weight_sync_s']:.1f} s"
     )
     print(
@@ -420,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
         default=1.0,
         help="separate trainer pool's time x this (0.5: the pool trains as fast per step as all dies colocated)",
     )
+    ap.add_argument(
+        "--rollout-factor", type=float, default=1.0, help="rollout cost model x this, every schedule (sensitivity)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data-dir", type=Path, default=REPO.parent / "shared" / "data")
     ap.add_argument("--out-json", type=Path, default=None, help="default docs/async_sim.json (none with --quick)")
@@ -453,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
                 sync_model,
                 args.trainer_factor,
                 args.pool_trainer_factor,
+                args.rollout_factor,
             )
             res["workload"], res["workload_short"] = desc, wl
             if name == "235b" and wl == "curve":
