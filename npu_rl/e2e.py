@@ -361,7 +361,23 @@ def main(argv: list[str] | None = None) -> int:
         help="with recompute_old_log_prob=false: largest |p_actor - p_rollout| accepted per step",
     )
     c.add_argument("--require", nargs="*", default=[], help="features that must be on (names as printed)")
+    ca = sub.add_parser(
+        "check-async",
+        help="check a fully-async run's evidence (npu_rl.e2e_async: queue, live weight sync, staleness, partial "
+        "rollout); exit 1 when any is missing",
+    )
+    ca.add_argument("run_dir", type=Path)
+    ca.add_argument("--min-steps", type=int, default=4, help="trainer steps (training/global_step) needed")
+    ca.add_argument("--kl-abs", type=float, default=1e-3, help="rollout-vs-actor KL always accepted (nats/token)")
+    ca.add_argument("--kl-ratio", type=float, default=0.1, help="... or this share of one update's KL")
+    ca.add_argument(
+        "--require-partial",
+        action="store_true",
+        help="fail unless a trajectory was interrupted at a weight sync and resumed",
+    )
     a = p.parse_args(argv)
+    if a.cmd == "check-async":
+        return _main_async(a)
     try:
         ev = load(a.run_dir)
     except FileNotFoundError as e:
@@ -381,11 +397,29 @@ def main(argv: list[str] | None = None) -> int:
     for name in a.require:
         if name not in seen:
             ev.add(name, False, "required, but not switched on in this run (nothing to check)")
+    return _report(ev)
+
+
+def _report(ev: Evidence) -> int:
     for chk in ev.checks:
         print(f"{'ok     ' if chk.ok else 'MISSING'} {chk.name}: {chk.detail}")
     failed = sum(not c.ok for c in ev.checks)
     print(f"{len(ev.checks) - failed} passed, {failed} failed")
     return 0 if ev.ok else 1
+
+
+def _main_async(a: argparse.Namespace) -> int:
+    from npu_rl import e2e_async
+
+    try:
+        ev = e2e_async.check(a.run_dir, a.min_steps, a.kl_abs, a.kl_ratio, a.require_partial)
+    except FileNotFoundError as e:
+        print(f"error: {e}: the run did not reach its recipe through run_verl", file=sys.stderr)
+        return 1
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return _report(ev)
 
 
 if __name__ == "__main__":
