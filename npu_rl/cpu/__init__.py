@@ -10,6 +10,9 @@ platform is the only right answer.
 
 The recipe's env script (``recipes/qwen3-tiny/env_cpu.sh``) turns it on with
 ``VERL_USE_EXTERNAL_MODULES=npu_rl.cpu.platform`` and ``VERL_PLATFORM=cpu``.
+
+:mod:`npu_rl.cpu.checkpoint_engine` adds verl checkpoint engine ``gloo`` for weight syncs between
+separate trainer and rollout pools (the fully-async CPU recipe), which verl has none of on CPU.
 """
 
 from __future__ import annotations
