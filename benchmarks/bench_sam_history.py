@@ -141,7 +141,7 @@ def section_steps(groups, k: int, n_requests: int, gate: bool, label: str, v1: b
         live = [x for x in live if pos[x[0]] < len(x[2])]
     s = np.array(step_s)
     if v1:
-        tokens_in = sum(len(x.sam) for x in d.corpus._groups.values())
+        tokens_in = sum(len(x) for x in d.corpus._groups.values())
         st = {"tokens": tokens_in, "bytes_per_token": d.corpus.nbytes / tokens_in}
         st["used_bytes_per_token"] = sum(x.used_bytes for x in d.corpus._groups.values()) / tokens_in
         grows = 0
@@ -176,17 +176,17 @@ def section_steps(groups, k: int, n_requests: int, gate: bool, label: str, v1: b
 
 def _replay_round(d: SamDrafter, items, k: int) -> tuple[int, int, int, int, float, int]:
     """Concurrent replay of one round; (tokens, forwards, drafting forwards, tokens in drafting
-    forwards, drafter seconds, draft tokens proposed)."""
+    forwards, drafter seconds in the requests' steps, draft tokens proposed, seconds in tick)."""
     live = []
     for rid, prompt, resp in items:
         d.start(rid, prompt)
         live.append([rid, resp, 0, np.empty(0, np.int32)])
     tokens = forwards = dforwards = dtokens = drafted = 0
-    t_draft = 0.0
+    t_draft = t_tick = 0.0
     while live:
         t0 = time.thread_time()
         d.tick()
-        t_draft += time.thread_time() - t0
+        t_tick += time.thread_time() - t0
         for item in live:
             rid, resp, pos, draft = item
             n = len(resp)
@@ -209,15 +209,15 @@ def _replay_round(d: SamDrafter, items, k: int) -> tuple[int, int, int, int, flo
         for item in [x for x in live if x[2] >= len(x[1])]:
             d.finish(item[0])
         live = [x for x in live if x[2] < len(x[1])]
-    return tokens, forwards, dforwards, dtokens, t_draft, drafted
+    return tokens, forwards, dforwards, dtokens, t_draft, drafted, t_tick
 
 
-def section_replay(rounds, k: int, label: str, history_mb: int) -> list[dict]:
+def section_replay(rounds, k: int, label: str, history_mb: int, history_tokens: int, variants) -> list[dict]:
     """rounds: list of [(req id, prompt, response)] per round. Fresh drafter (replica) per round."""
     rows = []
-    for history, adaptive in ((False, False), (True, False), (True, True)):
-        store = HistoryStore(history_mb << 20) if history else None
-        tot = [0, 0, 0, 0, 0.0, 0]
+    for history, adaptive in variants:
+        store = HistoryStore(history_mb << 20, max_tokens_per_prompt=history_tokens) if history else None
+        tot = [0, 0, 0, 0, 0.0, 0, 0.0]
         for r, items in enumerate(rounds):
             d = SamDrafter(
                 k,
@@ -229,16 +229,19 @@ def section_replay(rounds, k: int, label: str, history_mb: int) -> list[dict]:
             if r == 0 and len(rounds) > 1:
                 continue  # round 0 only fills the history: every variant is scored on rounds 1..
             tot = [a + b for a, b in zip(tot, res, strict=True)]
-        tokens, fwd, dfwd, dtok, secs, drafted = tot
+        tokens, fwd, dfwd, dtok, secs, drafted, tick_s = tot
         row = {
             "label": label,
             "k": k,
             "history": history,
+            "history_tokens_per_prompt": history_tokens if history else 0,
             "adaptive_k": adaptive,
             "tokens_per_forward": tokens / fwd,
             "tokens_per_drafting_forward": dtok / max(dfwd, 1),
             "drafting_forwards": dfwd / fwd,
-            "us_per_token": 1e6 * secs / tokens,
+            "us_per_token": 1e6 * (secs + tick_s) / tokens,
+            "us_per_token_requests": 1e6 * secs / tokens,
+            "us_per_token_history_inserts": 1e6 * tick_s / tokens,
             "draft_tokens_per_forward": drafted / fwd,
         }
         rows.append(row)
@@ -246,7 +249,9 @@ def section_replay(rounds, k: int, label: str, history_mb: int) -> list[dict]:
             f"[replay] {label} k={k} history={'on' if history else 'off'} adaptive_k={'on' if adaptive else 'off'}: "
             f"{row['tokens_per_forward']:.3f} tokens/forward ({row['tokens_per_drafting_forward']:.3f} over the "
             f"{100 * row['drafting_forwards']:.0f}% forwards that drafted), {row['draft_tokens_per_forward']:.2f} "
-            f"draft tokens verified per forward, drafter {row['us_per_token']:.2f} us/token"
+            f"draft tokens verified per forward, drafter {row['us_per_token']:.2f} us/token "
+            f"({row['us_per_token_requests']:.2f} in the requests' steps, {row['us_per_token_history_inserts']:.2f} "
+            "inserting history)"
         )
     return rows
 
@@ -304,7 +309,7 @@ def section_history(groups_by_round, ray: bool) -> list[dict]:
 
         from npu_rl.spec_decode.history import RayHistory
 
-        ray_mod.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        ray_mod.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)  # our own
         try:
             h = RayHistory(4 << 30)
             t0 = time.thread_time()
@@ -356,6 +361,16 @@ def main() -> None:
     ap.add_argument("--skyt1-recipe", default="long_ckpts_aime24", choices=["long_ckpts_aime24", "short_ckpts_aime24"])
     ap.add_argument("--max-prompts", type=int, default=None, help="first N prompts only (quick runs)")
     ap.add_argument("--history-mb", type=int, default=1024)
+    ap.add_argument(
+        "--history-tokens", type=int, default=HistoryStore.__init__.__defaults__[2], help="history tokens per prompt"
+    )
+    ap.add_argument("--datasets", nargs="+", default=["math", "skyt1"], choices=["math", "skyt1"])
+    ap.add_argument(
+        "--variants",
+        nargs="+",
+        default=["plain", "history", "history+adaptive"],
+        choices=["plain", "history", "history+adaptive", "adaptive"],
+    )
     ap.add_argument("--ray", action="store_true", help="also time the Ray actor store (starts a local Ray)")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -396,8 +411,15 @@ def main() -> None:
                 for r, rnd in enumerate(rounds)
             ]
 
-        out["replay"] = section_replay(items(math_rounds), args.k, "MATH maj8", args.history_mb)
-        out["replay"] += section_replay(items(sky_rounds), args.k, f"Sky-T1 {args.skyt1_recipe}", args.history_mb)
+        names = {"plain": (False, False), "history": (True, False), "history+adaptive": (True, True)}
+        names["adaptive"] = (False, True)
+        variants = [names[v] for v in args.variants]
+        hargs = (args.history_mb, args.history_tokens, variants)
+        out["replay"] = []
+        if "math" in args.datasets:
+            out["replay"] += section_replay(items(math_rounds), args.k, "MATH maj8", *hargs)
+        if "skyt1" in args.datasets:
+            out["replay"] += section_replay(items(sky_rounds), args.k, f"Sky-T1 {args.skyt1_recipe}", *hargs)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
 

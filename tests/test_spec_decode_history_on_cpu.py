@@ -135,7 +135,8 @@ def test_history_store_rules():
     s2 = HistoryStore(1 << 20, reward_weighted=False, max_tokens_per_prompt=150)
     s2.add(k1, [1] * 100, reward=9.0)
     s2.add(k1, [2] * 100, reward=0.0)
-    assert [int(x[0]) for x in s2.get(k1)] == [2]  # newest only: age alone ranks, 150 tokens fit one
+    got = s2.get(k1)  # age alone ranks: the newest whole, the older one cut to the 150-token cap
+    assert [int(x[0]) for x in got] == [1, 2] and [len(x) for x in got] == [50, 100]
     with pytest.raises(ValueError, match="max_responses"):
         HistoryStore(1, max_responses=0)
 
@@ -149,7 +150,13 @@ def test_history_reaches_another_replica_through_the_store_in_bounded_steps():
     r1.step("x", earlier)
     r1.finish("x", reward=1.0)
     assert store.stats()["responses"] == 1
-    r2 = SamDrafter(k=4, group_budget_bytes=64 << 20, history=LocalHistory(store), history_tokens_per_step=256)
+    r2 = SamDrafter(
+        k=4,
+        group_budget_bytes=64 << 20,
+        history=LocalHistory(store),
+        history_tokens_per_step=256,
+        history_ms_per_step=1e3,
+    )
     r2.start("y", prompt)
     assert r2.step("y", earlier[:3]).tolist() == []  # history not inserted yet
     assert [r2.tick(), r2.tick(), r2.tick(), r2.tick()] == [256, 256, 88, 0]  # <= 256 tokens per step

@@ -29,8 +29,8 @@ drive it the same way)::
   current length grows k by one, a miss halves it; k stays in [1, k] (the engine's
   ``num_speculative_tokens``); the batch-size gate stays with the caller (``max_draft``).
 - History (``history`` given): when a key's group is created, the drafter asks the store for the
-  key's earlier responses (non-blocking), and :meth:`tick` inserts them as streams, at most
-  ``history_tokens_per_step`` tokens per engine step (bounded work per step). :meth:`finish` sends
+  key's earlier responses (non-blocking), and :meth:`tick` inserts them as streams for about
+  ``history_ms_per_step`` (default 0.5 ms) per engine step (bounded work per step). :meth:`finish` sends
   the output to the store (with ``reward`` when the caller has it). Store rules:
   :mod:`npu_rl.spec_decode.history`.
 - Memory: groups without running requests are evicted least recently used first to stay within
@@ -45,6 +45,7 @@ plus a corpus of finished responses, bulk-inserted at drop), kept as the benchma
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -73,6 +74,9 @@ __all__ = [
     "SamDrafterV1",
     "prompt_key",
 ]
+
+
+HISTORY_SLICE = 512  # history tokens inserted between two clock checks in SamDrafter.tick
 
 
 def prompt_key(prompt_ids) -> bytes:
@@ -295,7 +299,8 @@ class SamDrafter:
         *,
         adaptive_k: bool = False,
         history=None,
-        history_tokens_per_step: int = 4096,
+        history_tokens_per_step: int = 1 << 16,
+        history_ms_per_step: float = 0.5,
     ):
         if k < 1:
             raise ValueError(f"k={k}: the number of speculative tokens must be >= 1")
@@ -309,6 +314,8 @@ class SamDrafter:
             raise ValueError("history needs the group corpus: give group_budget_bytes > 0 (sam_group_corpus_mb)")
         if history_tokens_per_step < 1:
             raise ValueError(f"history_tokens_per_step={history_tokens_per_step} must be >= 1")
+        if history_ms_per_step <= 0:
+            raise ValueError(f"history_ms_per_step={history_ms_per_step} must be > 0")
         self.k = int(k)
         self.min_match = int(min_match)
         self.occurrence = occurrence
@@ -316,6 +323,7 @@ class SamDrafter:
         self.budget_bytes = int(group_budget_bytes)
         self.history = history
         self.history_tokens_per_step = int(history_tokens_per_step)
+        self.history_s_per_step = history_ms_per_step / 1e3
         self.groups: OrderedDict[object, _Group] = OrderedDict()
         self.requests: dict[str, _Req] = {}
         self._out = np.empty(self.k, np.int32)
@@ -395,27 +403,35 @@ class SamDrafter:
         return self._out[: req.group.gsam.step(req.st, new_tokens, self._out, kcap)]
 
     def tick(self) -> int:
-        """Once per engine step: collect history answers and insert up to ``history_tokens_per_step``
-        history tokens (as streams of their groups). Returns the tokens inserted."""
+        """Once per engine step: send finished outputs to the store, collect history answers, and
+        insert history (as streams of their groups) for about ``history_ms_per_step`` (checked every
+        :data:`HISTORY_SLICE` tokens), at most ``history_tokens_per_step`` tokens. Returns the tokens
+        inserted."""
         if self.history is None:
             return 0
+        self.history.flush()
+        t_end = time.perf_counter() + self.history_s_per_step
         budget = self.history_tokens_per_step
+        late = False
         for group in self.groups.values():
             if group.handle is not None:
                 got = self.history.poll(group.handle)
                 if got is not None:
                     group.handle = None
                     group.pending = [[new_stream(0, occurrence=self.occurrence), t, 0] for t in got if len(t)]
-            while group.pending and budget > 0:
+            while group.pending and budget > 0 and not late:
+                if time.perf_counter() > t_end:
+                    late = True
+                    break
                 item = group.pending[0]
                 st, tokens, off = item
-                n = min(budget, tokens.shape[0] - off)
+                n = min(budget, tokens.shape[0] - off, HISTORY_SLICE)
                 group.gsam.append(st, tokens[off : off + n])
                 item[2] = off + n
                 budget -= n
                 if item[2] >= tokens.shape[0]:
                     group.pending.pop(0)
-            if budget <= 0:
+            if budget <= 0 or late:
                 break
         done = self.history_tokens_per_step - budget
         self.history_tokens_inserted += done

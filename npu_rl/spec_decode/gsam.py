@@ -195,24 +195,29 @@ def _extend(new, a, m, h, ho, st):
     for j in range(new.shape[0]):
         c = new[j]
         last = st[S_LAST]
-        # exact need first: states, edges, a chunk
+        # exact need first: states, edges, a chunk (the walk's end is kept for the extension below)
         add_e = 0
         add_s = 1
-        e = _find(a, m, h, ho, last, c)
-        if e >= 0:
-            q = a[m[O_DST] + e]
+        e0 = _find(a, m, h, ho, last, c)
+        p_stop = -1
+        e_stop = -1
+        if e0 >= 0:
+            q = a[m[O_DST] + e0]
             if a[olen + last] + 1 == a[olen + q]:
                 add_s = 0
             else:
                 add_e = _degree(a, m, q)
         else:
             p = last
+            e = -1
             while p >= 0:
                 e = _find(a, m, h, ho, p, c)
                 if e >= 0:
                     break
                 add_e += 1
                 p = a[olk + p]
+            p_stop = p
+            e_stop = e
             if p >= 0:
                 q = a[m[O_DST] + e]
                 if a[olen + p] + 1 != a[olen + q]:
@@ -254,9 +259,8 @@ def _extend(new, a, m, h, ho, st):
             st[S_START] = i
         m[N_TOKENS] += 1
         # extend the automaton
-        e = _find(a, m, h, ho, last, c)
-        if e >= 0:  # the stream's new text already occurs in the group
-            q = a[m[O_DST] + e]
+        if e0 >= 0:  # the stream's new text already occurs in the group
+            q = a[m[O_DST] + e0]
             if a[olen + last] + 1 == a[olen + q]:
                 cur = q
             else:
@@ -265,14 +269,11 @@ def _extend(new, a, m, h, ho, st):
         else:
             cur = _new_state(a, m, a[olen + last] + 1, 0, i)
             p = last
-            while p >= 0:
-                e = _find(a, m, h, ho, p, c)
-                if e >= 0:
-                    break
+            while p != p_stop:  # the states the need pass found without an edge on c
                 _add_edge(a, m, h, ho, p, c, cur)
                 p = a[olk + p]
             if p >= 0:
-                q = a[m[O_DST] + e]
+                q = a[m[O_DST] + e_stop]
                 if a[olen + p] + 1 == a[olen + q]:
                     a[olk + cur] = q
                 else:
