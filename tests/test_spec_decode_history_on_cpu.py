@@ -70,14 +70,18 @@ def test_one_stream_equals_the_issue6_automaton_through_hash_migrations():
     text[5000:9000] = text[1000:5000]  # long repeats
     g = GroupAutomaton(reserve_tokens=4096)
     ref = SuffixAutomaton(capacity=64)
+    d = SamDrafter(k=3, reserve_tokens=4096)  # the drafter's inlined step and its slow path
+    d.start("r", np.empty(0, np.int32))
     st_ = new_stream(3)
     out = np.empty(3, np.int32)
     for i in range(0, len(text), 7):
         chunk = text[i : i + 7]
-        g.step(st_, chunk, out, 3)
+        n = g.step(st_, chunk, out, 3)
+        assert d.step("r", chunk).tolist() == out[:n].tolist()
         ref.append(chunk)
         assert st_[S_MLEN] == ref.suffix_match()[0]
     assert g.hash_grows >= 3 and g.grows >= 1
+    assert d.requests["r"].group.gsam.grows == g.grows
     assert g.num_tokens == len(text)
 
 

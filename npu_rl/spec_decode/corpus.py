@@ -52,6 +52,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from npu_rl.spec_decode.gsam import (
+    DEFAULT_RESERVE,
+    DONE,
+    MIG,
     S_ACCEPTED,
     S_DRAFTED,
     S_KCUR,
@@ -60,6 +63,7 @@ from npu_rl.spec_decode.gsam import (
     S_POS,
     S_STEPS,
     GroupAutomaton,
+    _step,
     new_stream,
 )
 from npu_rl.spec_decode.history import HistoryStore, LocalHistory, RayHistory
@@ -287,7 +291,10 @@ class SamDrafter:
     automata, no group corpus). ``occurrence``: "recent" or "first". ``adaptive_k``: TCP-like draft
     length per request. ``history``: a :class:`~npu_rl.spec_decode.history.LocalHistory` or
     :class:`~npu_rl.spec_decode.history.RayHistory` (None: no history; needs a group budget).
-    ``history_tokens_per_step``: history tokens inserted per :meth:`tick` at most.
+    ``history_tokens_per_step``: history tokens inserted per :meth:`tick` at most;
+    ``history_ms_per_step``: time per :meth:`tick` for history inserts (checked every
+    :data:`HISTORY_SLICE` tokens). ``reserve_tokens``: address space per group automaton
+    (:class:`~npu_rl.spec_decode.gsam.GroupAutomaton`; past it the arena grows by a copy).
     """
 
     def __init__(
@@ -301,6 +308,7 @@ class SamDrafter:
         history=None,
         history_tokens_per_step: int = 1 << 16,
         history_ms_per_step: float = 0.5,
+        reserve_tokens: int = DEFAULT_RESERVE,
     ):
         if k < 1:
             raise ValueError(f"k={k}: the number of speculative tokens must be >= 1")
@@ -324,6 +332,7 @@ class SamDrafter:
         self.history = history
         self.history_tokens_per_step = int(history_tokens_per_step)
         self.history_s_per_step = history_ms_per_step / 1e3
+        self.reserve_tokens = int(reserve_tokens)
         self.groups: OrderedDict[object, _Group] = OrderedDict()
         self.requests: dict[str, _Req] = {}
         self._out = np.empty(self.k, np.int32)
@@ -347,7 +356,7 @@ class SamDrafter:
             key = prompt_key(ids[:num_prompt])
         group = self.groups.get(key)
         if group is None:
-            group = self.groups[key] = _Group(GroupAutomaton())
+            group = self.groups[key] = _Group(GroupAutomaton(self.reserve_tokens))
             if self.history is not None:
                 group.handle = self.history.prefetch(key)
                 self.history_lookups += 1
@@ -400,7 +409,13 @@ class SamDrafter:
         """
         req = self.requests[req_id]
         kcap = self.k if max_draft is None else max_draft
-        return self._out[: req.group.gsam.step(req.st, new_tokens, self._out, kcap)]
+        g = req.group.gsam
+        n = _step(new_tokens, g.arena, g.meta, g.h, g.ho, req.st, self._out, kcap)  # the common case, inlined
+        if n < 0:  # the arena or the hash table must grow first: the rest goes through the slow path
+            n = g.step(req.st, new_tokens[int(g.meta[DONE]) :], self._out, kcap)
+        elif g.ho.shape[0] > 1 and g.meta[MIG] < 0:
+            g.release_old_hash()
+        return self._out[:n]
 
     def tick(self) -> int:
         """Once per engine step: send finished outputs to the store, collect history answers, and

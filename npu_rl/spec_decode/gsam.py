@@ -513,10 +513,14 @@ class GroupAutomaton:
             r = _step(new, self.arena, self.meta, self.h, self.ho, st, out, kcap)
             if r >= 0:
                 if self.meta[MIG] < 0 and self.ho.shape[0] > 1:
-                    self.ho = _EMPTY_HASH
+                    self.release_old_hash()
                 return r
             new = new[int(self.meta[DONE]) :]
             self._grow()
+
+    def release_old_hash(self) -> None:
+        """Free the old hash table once its migration has ended."""
+        self.ho = _EMPTY_HASH
 
     def append(self, st: np.ndarray, tokens) -> None:
         """Append tokens to stream ``st`` without drafting."""
