@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -80,7 +80,7 @@ __all__ = [
 ]
 
 
-HISTORY_SLICE = 512  # history tokens inserted between two clock checks in SamDrafter.tick
+HISTORY_SLICE = 64  # history tokens a group inserts per turn in SamDrafter.tick (clock read between turns)
 
 
 def prompt_key(prompt_ids) -> bytes:
@@ -336,6 +336,8 @@ class SamDrafter:
         self.groups: OrderedDict[object, _Group] = OrderedDict()
         self.requests: dict[str, _Req] = {}
         self._out = np.empty(self.k, np.int32)
+        self._awaiting: list[_Group] = []  # history lookups in flight
+        self._inserting: deque[_Group] = deque()  # groups with history left to insert, in turn
         self.evictions = 0
         self.history_tokens_inserted = 0
         self.history_lookups = 0
@@ -359,6 +361,7 @@ class SamDrafter:
             group = self.groups[key] = _Group(GroupAutomaton(self.reserve_tokens))
             if self.history is not None:
                 group.handle = self.history.prefetch(key)
+                self._awaiting.append(group)
                 self.history_lookups += 1
         self.groups.move_to_end(key)
         group.live += 1
@@ -419,35 +422,47 @@ class SamDrafter:
 
     def tick(self) -> int:
         """Once per engine step: send finished outputs to the store, collect history answers, and
-        insert history (as streams of their groups) for about ``history_ms_per_step`` (checked every
-        :data:`HISTORY_SLICE` tokens), at most ``history_tokens_per_step`` tokens. Returns the tokens
-        inserted."""
+        insert history for about ``history_ms_per_step``, at most ``history_tokens_per_step`` tokens.
+
+        Groups take turns, :data:`HISTORY_SLICE` tokens each (the clock is read between slices), each
+        group's history best response first from its opening tokens: every prompt's history grows
+        from the start, ahead of its requests, which are at their start too. Returns the tokens inserted.
+        """
         if self.history is None:
             return 0
         self.history.flush()
         t_end = time.perf_counter() + self.history_s_per_step
-        budget = self.history_tokens_per_step
-        late = False
-        for group in self.groups.values():
-            if group.handle is not None:
+        if self._awaiting:
+            still = []
+            for group in self._awaiting:
+                if group.handle is None:  # evicted meanwhile
+                    continue
                 got = self.history.poll(group.handle)
-                if got is not None:
-                    group.handle = None
-                    group.pending = [[new_stream(0, occurrence=self.occurrence), t, 0] for t in got if len(t)]
-            while group.pending and budget > 0 and not late:
-                if time.perf_counter() > t_end:
-                    late = True
-                    break
-                item = group.pending[0]
-                st, tokens, off = item
-                n = min(budget, tokens.shape[0] - off, HISTORY_SLICE)
-                group.gsam.append(st, tokens[off : off + n])
-                item[2] = off + n
-                budget -= n
-                if item[2] >= tokens.shape[0]:
-                    group.pending.pop(0)
-            if budget <= 0 or late:
-                break
+                if got is None:
+                    still.append(group)
+                    continue
+                group.handle = None
+                # the store lists the best last; insert it first (see the docstring)
+                group.pending = [[new_stream(0, occurrence=self.occurrence), t, 0] for t in got[::-1] if len(t)]
+                if group.pending:
+                    self._inserting.append(group)
+            self._awaiting = still
+        budget = self.history_tokens_per_step
+        queue = self._inserting
+        while queue and budget > 0 and time.perf_counter() < t_end:
+            group = queue.popleft()
+            if not group.pending:  # evicted meanwhile
+                continue
+            item = group.pending[0]
+            st, tokens, off = item
+            n = min(budget, tokens.shape[0] - off, HISTORY_SLICE)
+            group.gsam.append(st, tokens[off : off + n])
+            item[2] = off + n
+            budget -= n
+            if item[2] >= tokens.shape[0]:
+                group.pending.pop(0)
+            if group.pending:
+                queue.append(group)
         done = self.history_tokens_per_step - budget
         self.history_tokens_inserted += done
         return done
@@ -475,7 +490,9 @@ class SamDrafter:
         if total <= self.budget_bytes:
             return
         for key in [k for k, g in self.groups.items() if g.live == 0]:
-            total -= self.groups.pop(key).gsam.nbytes
+            group = self.groups.pop(key)
+            group.handle, group.pending = None, []  # no history work for an evicted group
+            total -= group.gsam.nbytes
             self.evictions += 1
             if total <= self.budget_bytes:
                 break
