@@ -415,7 +415,14 @@ def check_partial_rollout(cfg, verl_dir: Path, report: Report) -> str:
     from npu_rl.preflight.checks import sel
 
     if not sel(cfg, f"{AT}.partial_rollout", False):
-        return "off: requests running at a weight sync are dropped and regenerated"
+        report.warn(
+            f"{AT}.partial_rollout",
+            "is off: a response still running at a weight sync is aborted and not resumed (llm_server.py:339-343 "
+            "stops retrying; nothing in the pinned verl drops it, despite the comment there), so it reaches the "
+            "trainer cut short at the sync",
+            f"set {AT}.partial_rollout=True (verl's default for this trainer)",
+        )
+        return "off: responses running at a weight sync end there, cut short"
     name = str(sel(cfg, f"{R}.name", ""))
     ok, why = resumable(verl_dir, name)
     if not ok:

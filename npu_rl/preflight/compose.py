@@ -93,7 +93,13 @@ def split_cli(args: list[str], trainer: str = "sync") -> Cli:
 
 def _is_group(key: str, config_dir: Path) -> bool:
     # hydra.* (hydra.searchpath from run_verl) shapes the composition itself: composed with the groups
-    return "/" in key or key.startswith("hydra.") or ("." not in key and (config_dir / key).is_dir())
+    # a config group of the entry point's folder, or of verl's base config (on the experimental
+    # trainers' searchpath, e.g. model_engine=megatron with fully_async_ppo_trainer)
+    return (
+        "/" in key
+        or key.startswith("hydra.")
+        or ("." not in key and ((config_dir / key).is_dir() or (verl_config_dir() / key).is_dir()))
+    )
 
 
 def _container(cfg) -> dict:
