@@ -504,6 +504,14 @@ def report(argv) -> int:
         tail_share=TAIL_SHARE_32B,
     )
     predict(
+        "2b. same, t1 x6 (0.3 ms per sequence: the upper end of REFERENCE §7's t1 range)",
+        graph.scaled(t1=6.0),
+        cfg32,
+        3,
+        lambda rng, dr, cp: curve_step(rng, 64, 16, 34_816, pool(dr, 3, cp), 200),
+        [(label, dr, cp, (32,)) for label, dr, cp, _ in cases32[1:]],
+    )
+    predict(
         "3. same, Sky-T1 real lengths, each request its own trace, capped loops included (they are the tail here, and"
         " they flatter every drafter: a loop accepts k tokens per pass)",
         graph,
