@@ -221,3 +221,56 @@ def test_segments_equal_iteration_by_iteration():
         spec = SpecConfig(k=4, batch_threshold=int(rng.integers(1, n + 2)), gamma=float(rng.uniform(0, 0.5)))
         res = simulate_spec(reqs, cost, ReplicaConfig(1, max_num_seqs=16), PullRouting(), spec, dict(enumerate(traces)))
         assert res.finish_ms.tolist() == pytest.approx(_reference(reqs, traces, cost, spec), rel=1e-9)
+
+
+def _bench():
+    import importlib.util
+
+    from npu_rl import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location("sim_spec_bench", REPO_ROOT / "benchmarks" / "sim_spec.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class _Oracle:
+    """A drafter that proposes the true continuation (``right``) or a token that never matches."""
+
+    def __init__(self, resp, k, right):
+        self.resp, self.k, self.right, self.i = resp, k, right, 0
+
+    def begin(self, prompt):
+        return np.empty(0, np.int32)
+
+    def step(self, new):
+        self.i += len(new)
+        if not self.right:
+            return np.full(self.k, -1, np.int32)
+        return self.resp[self.i : self.i + self.k]
+
+    def end(self):
+        pass
+
+
+def test_benchmark_replay_tail_and_fit():
+    b = _bench()
+    resp = np.arange(10, dtype=np.int32)
+    # no draft before the first pass (1 token), then 3 + 1 per pass: 1 -> 5 -> 9 -> 10
+    assert b.replay_one(_Oracle(resp, 3, True), np.zeros(2, np.int32), resp, 3) == [4]
+    assert b.replay_one(_Oracle(resp, 3, False), np.zeros(2, np.int32), resp, 3) == [10]
+    tr = AcceptanceTrace(np.array([0.0, 1024.0, 2048.0]), np.array([2.0, 3.0, 4.0]), 3000)
+    cut = b.truncate(tr, 2000)
+    assert cut.starts.tolist() == [0.0, 1024.0] and cut.length == 2000
+    # the plain 2-request step: 4 iterations at b = 2 (48 ms), then 4 at b = 1 (44 ms)
+    plain = simulate(two_requests(), COST, ONE, PullRouting())
+    assert [b.tail_ms(plain, g) for g in (0, 1, 2)] == pytest.approx([0.0, 44.0, 92.0])
+    # gamma fitted so that the drafting phase (gate 1) runs at 0.8 of its plain time (44 ms):
+    # A alone drafts 5 -> 7 -> 9, two passes of 10 * (1 + 3 * gamma) + 1 * 4 ms = 0.8 * 44 -> gamma 0.12
+    steps = [(two_requests(), {0: flat(2.0, 9), 1: flat(1.5, 5)})]
+    gamma, r0, share, _ = b.calibrate(steps, COST, ONE, 3, 1, 0.8)
+    assert r0 == pytest.approx(2 * 14 / 44)
+    assert share == pytest.approx(44 / 92)
+    assert gamma == pytest.approx(0.12)
+    # a target below what free verification gives (28 / 44 = 0.64) has no fit
+    assert b.calibrate(steps, COST, ONE, 3, 1, 0.6)[0] is None
