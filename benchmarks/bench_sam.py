@@ -274,6 +274,12 @@ class SuffixAdapter:
         self.c.stop_request(req_id)
         del self.ctx[req_id]
 
+    @property
+    def nbytes(self) -> int:
+        """arctic-inference's own estimate of its trees' memory (global tree + active prompts)."""
+        trees = [self.c._global_tree, *self.c._local_trees.values()]
+        return int(sum(t.estimate_memory() for t in trees))
+
 
 class SamV1Adapter:
     """The issue-6 drafter (``SamDrafterV1``); with ``history``, a prompt's earlier-round responses
@@ -447,6 +453,17 @@ def warm_up():
         d.drop("w")
 
 
+def code_version() -> str:
+    """The commit of npu_rl/spec_decode the run used, '+dirty' when its working tree differs."""
+    import subprocess
+
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+    rev = git("log", "-1", "--format=%h", "--", "npu_rl/spec_decode")
+    return rev + ("+dirty" if git("status", "--porcelain", "--", "npu_rl/spec_decode") else "")
+
+
 def fmt(row: dict) -> str:
     s = (
         f"tok/fwd {row['tokens_per_pass']:.3f} tail {row['tail_tokens_per_pass']:.3f} "
@@ -471,6 +488,11 @@ def main(argv=None) -> int:
     ap.add_argument("--math-group", type=int, default=4, help="siblings per round (8 samples = 8/g rounds)")
     ap.add_argument("--skyt1-prompts", type=int, help="AIME24 prompts per checkpoint (default 30; --quick 10)")
     ap.add_argument("--datasets", nargs="+", choices=["math", "skyt1"], default=["math", "skyt1"])
+    ap.add_argument(
+        "--skyt1-capped",
+        choices=["keep", "drop"],
+        help="replay the Sky-T1 traces that ran into the 32K cap (default: keep; --quick: drop)",
+    )
     ap.add_argument("--engines", type=int, default=2, help="rollout engines (replicas) per data set")
     ap.add_argument(
         "--routing",
@@ -485,11 +507,21 @@ def main(argv=None) -> int:
     ap.add_argument("--drafters", nargs="+", help="only these drafters (names as printed)")
     ap.add_argument("--no-sequential", action="store_true", help="skip the sequential upper-bound rows")
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--table", help="print the markdown tables of a results file written by --json, and exit")
+    ap.add_argument(
+        "--table",
+        nargs="+",
+        help="print the markdown tables of results files written by --json (several: merged, and saved with --json), "
+        "and exit",
+    )
     ap.add_argument("--plot", help="draw tokens per forward pass against k into this PNG")
     args = ap.parse_args(argv)
     if args.table:
-        saved = json.loads(Path(args.table).read_text())
+        runs = [json.loads(Path(f).read_text()) for f in args.table]
+        saved = {"meta": [r["meta"] for r in runs], "results": [x for r in runs for x in r["results"]]}
+        if len(runs) == 1:
+            saved = runs[0]
+        elif args.json:
+            Path(args.json).write_text(json.dumps(saved, indent=1) + "\n")
         print(markdown(saved))
         if args.plot:
             plot(saved["results"], Path(args.plot))
@@ -506,9 +538,11 @@ def main(argv=None) -> int:
     if "math" in args.datasets:
         datasets["MATH maj8"] = load_math(d, tok, math_prompts, args.math_group)
     if "skyt1" in args.datasets:
-        datasets["Sky-T1 ckpts"] = load_skyt1(d, tok, sky_prompts, with_capped=not args.quick)
+        capped = args.skyt1_capped or ("drop" if args.quick else "keep")
+        datasets["Sky-T1 ckpts"] = load_skyt1(d, tok, sky_prompts, with_capped=capped == "keep")
     meta = {"mode": "quick" if args.quick else "full", "engines": args.engines, "gate": args.gate, "k": ks}
     meta["routing"] = args.routing
+    meta["spec_decode_code"] = code_version()
     meta["command"] = "python benchmarks/bench_sam.py " + " ".join(argv if argv is not None else sys.argv[1:])
     for name, rounds in datasets.items():
         reqs = [r for rr in rounds for r in rr]
