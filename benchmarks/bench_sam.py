@@ -514,15 +514,21 @@ def main(argv=None) -> int:
         "and exit",
     )
     ap.add_argument("--plot", help="draw tokens per forward pass against k into this PNG")
+    ap.add_argument("--long", action="store_true", help="with --table: also every row and the ratios")
     args = ap.parse_args(argv)
     if args.table:
         runs = [json.loads(Path(f).read_text()) for f in args.table]
+        for run in runs:
+            for r in run["results"]:
+                r.setdefault("setting", setting(run["meta"], r["data"]))
         saved = {"meta": [r["meta"] for r in runs], "results": [x for r in runs for x in r["results"]]}
         if len(runs) == 1:
             saved = runs[0]
         elif args.json:
             Path(args.json).write_text(json.dumps(saved, indent=1) + "\n")
-        print(markdown(saved))
+        print(pivot(saved["results"]) + "\n\n" + costs(saved["results"]))
+        if args.long:
+            print("\n" + markdown(saved))
         if args.plot:
             plot(saved["results"], Path(args.plot))
         return 0
@@ -592,6 +598,8 @@ def main(argv=None) -> int:
                     row = {"data": name, "replay": "sequential (upper bound)", **row}
                     results.append(row)
                     print(f"{name:13s} k={k} {dname + ' [sequential UB]':34s} {fmt(row)}", flush=True)
+    for r in results:
+        r["setting"] = setting(meta, r["data"])
     saved = {"meta": meta, "results": results}
     print("\n" + markdown(saved))
     if args.json:
@@ -602,6 +610,69 @@ def main(argv=None) -> int:
 
 
 # --------------------------------------------------------------------------------------------- report
+def setting(meta: dict, data: str) -> str:
+    """A run's replay settings in words (data, engines, gate, routing, requests, loops)."""
+    info = meta.get(data, {})
+    gate = "off" if meta["gate"] >= 1 << 20 else meta["gate"]
+    s = f"{data}, {meta['engines']} engines, gate {gate}, {meta.get('routing', 'spread')} routing"
+    s += f", {info.get('requests', '?')} responses"
+    return s + (f" ({info['capped_requests']} capped loops replayed)" if info.get("capped_requests") else "")
+
+
+def pivot(results: list[dict]) -> str:
+    """Tail tokens per forward (overall in brackets when it differs) per drafter and k, one table per setting."""
+    out = []
+    for st in dict.fromkeys(r.get("setting", r["data"]) for r in results):
+        rows = [r for r in results if r.get("setting", r["data"]) == st]
+        ks = sorted({r["k"] for r in rows})
+        out += [f"**{st}**: tail tokens per forward (overall in brackets where it differs)", ""]
+        out += ["| drafter | replay | " + " | ".join(f"k = {k}" for k in ks) + " |", "|---|---|" + "---|" * len(ks)]
+        for name, rep in dict.fromkeys((r["drafter"], r["replay"]) for r in rows):
+            cells = []
+            for k in ks:
+                m = [r for r in rows if r["drafter"] == name and r["replay"] == rep and r["k"] == k]
+                if not m:
+                    cells.append("")
+                    continue
+                r = m[0]
+                c = f"{r['tail_tokens_per_pass']:.3f}"
+                if abs(r["tokens_per_pass"] - r["tail_tokens_per_pass"]) > 5e-4:
+                    c += f" ({r['tokens_per_pass']:.3f})"
+                if "capped" in r:
+                    c += f"; loops {r['capped']['tokens_per_pass']:.3f}"
+                cells.append(c)
+            out.append(f"| {name} | {rep.split(' ')[0]} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def costs(results: list[dict]) -> str:
+    """Drafter cost and memory per setting and drafter: ranges over k (concurrent replay)."""
+    out = [
+        "| setting | drafter | µs / token | µs / propose | start+history µs / request | tick max ms | MiB / engine |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def rng(vals, f):
+        vals = [v for v in vals if v is not None]
+        if not vals:
+            return "–"
+        lo, hi = min(vals), max(vals)
+        return f"{lo:{f}}" if f"{lo:{f}}" == f"{hi:{f}}" else f"{lo:{f}}–{hi:{f}}"
+
+    conc = [r for r in results if r["replay"] == "concurrent"]
+    for st in dict.fromkeys(r.get("setting", r["data"]) for r in conc):
+        for name in dict.fromkeys(r["drafter"] for r in conc if r.get("setting", r["data"]) == st):
+            m = [r for r in conc if r.get("setting", r["data"]) == st and r["drafter"] == name]
+            out.append(
+                f"| {st} | {name} | {rng([r['us_per_token'] for r in m], '.2f')} | "
+                f"{rng([r['us_per_call'] for r in m], '.1f')} | "
+                f"{rng([r.get('history_us_per_request') for r in m], '.0f')} | "
+                f"{rng([r.get('tick_ms_max') for r in m], '.2f')} | {rng([r['engine_peak_mib'] for r in m], '.1f')} |"
+            )
+    return "\n".join(out)
+
+
 def ratios(results: list[dict]) -> list[dict]:
     """Per data set and k (concurrent replay): the best SAM variant and each SAM variant over suffix
     decoding and over the best n-gram, tokens per forward pass (overall and tail)."""
@@ -657,28 +728,36 @@ def markdown(saved: dict) -> str:
 
 
 def plot(results: list[dict], path: Path) -> None:
-    """Tail tokens per target forward pass (steps at or below the gate) against k (concurrent replay),
-    one panel per data set."""
+    """Tail tokens per target forward (steps at or below the gate) against k, concurrent replay: one
+    panel per replay setting that has at least 3 values of k, one line per drafter."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     conc = [r for r in results if r["replay"] == "concurrent"]
-    datasets = list(dict.fromkeys(r["data"] for r in conc))
-    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4.2), squeeze=False)
-    for ax, name in zip(axes[0], datasets, strict=True):
-        rows = [r for r in conc if r["data"] == name]
+    settings = [
+        st
+        for st in dict.fromkeys(r.get("setting", r["data"]) for r in conc)
+        if len({r["k"] for r in conc if r.get("setting", r["data"]) == st}) >= 3
+    ]
+    cols = min(2, len(settings))
+    nrows = (len(settings) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(6.5 * cols, 4.3 * nrows), squeeze=False)
+    for ax, st in zip(axes.flat, settings, strict=False):
+        rows = [r for r in conc if r.get("setting", r["data"]) == st]
         for drafter in dict.fromkeys(r["drafter"] for r in rows):
             pts = sorted((r["k"], r["tail_tokens_per_pass"]) for r in rows if r["drafter"] == drafter)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=drafter)
-        ax.set_title(f"{name} (concurrent replay, tail)")
+        ax.set_title(st.replace(", spread routing", "").replace(", 2 engines", ""), fontsize=9)
         ax.set_xlabel("draft length k")
         ax.set_ylabel("tokens per target forward, batch <= gate")
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(settings) :]:
+        ax.axis("off")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
 
 
 if __name__ == "__main__":
