@@ -197,3 +197,36 @@ def test_new_keys_are_validated():
         resolve(3, None, None, None, None, -1, env={})
     with pytest.raises(ValueError, match="needs the group corpus"):
         resolve(3, None, 0, None, None, 64, env={})
+
+
+def test_the_proposer_keeps_unscheduled_requests_and_finishes_finished_ones():
+    """With the runner at hand (the NPU runner passes it), a request that leaves the batch but stays
+    in ``runner.requests`` (preempted or not scheduled: vLLM keeps its state) keeps its stream and
+    continues without a rebuild; one the runner dropped (finished) is finished and sent to history."""
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    from npu_rl.spec_decode.vllm_proposer import AscendSamProposer
+    from tests.test_spec_decode_vllm_on_cpu import add, bookkeep, new_batch, remove, vllm_config
+
+    runner = SimpleNamespace(input_batch=new_batch(), requests={})
+    proposer = AscendSamProposer(vllm_config(sam_batch_size_threshold="always", sam_history_mb=16), runner)
+    batch, d = runner.input_batch, proposer.drafter
+    runner.requests["a"] = object()
+    add(batch, "a", [1, 2, 3])
+    for tok in [40, 41, 42, 43]:
+        bookkeep(batch, [[tok]])
+        proposer.propose([[tok]])
+    stream = d.requests["a"].st
+    remove(batch, "a")  # unscheduled this step, still in runner.requests
+    proposer.propose([])
+    assert "a" in d and d.history.store.stats()["responses"] == 0
+    add(batch, "a", [1, 2, 3], output=[40, 41, 42, 43])  # scheduled again: continues the same stream
+    bookkeep(batch, [[44]])
+    proposer.propose([[44]])
+    assert d.requests["a"].st is stream and d.num_tokens("a") == 8
+    remove(batch, "a")
+    del runner.requests["a"]  # finished: vLLM popped it
+    proposer.propose([])
+    assert "a" not in d
+    assert d.history.store.get(next(iter(d.groups)))[0].tolist() == [40, 41, 42, 43, 44]

@@ -82,10 +82,15 @@ class SamProposer:
                 seen = n
             draft = drafter.step(req_id, row[seen:n], max_draft=max(room, 0))
             drafts.append(draft.tolist())
-        # requests that left the batch (finished, aborted or preempted; a preempted one that comes
-        # back is rebuilt and its output is sent again, the store keeps the best copies)
+        # requests that left the batch: the runner keeps the state of the unscheduled ones (preempted,
+        # or not scheduled this step: GPUModelRunner._update_states) and pops the finished ones, so
+        # with a runner at hand only those are finished; an unscheduled one keeps its stream and
+        # continues where it stopped. Without a runner every leaver is finished (a preempted one is
+        # rebuilt when it comes back; the store keeps one copy of a response sent twice).
+        cached = getattr(self.runner, "requests", None)
         for req_id in [r for r in drafter.requests if r not in input_batch.req_id_to_index]:
-            drafter.finish(req_id)
+            if cached is None or req_id not in cached:
+                drafter.finish(req_id)
         drafter.tick()
         return drafts
 
