@@ -272,7 +272,7 @@ class SamDrafterV1:
 class _Group:
     gsam: GroupAutomaton
     live: int = 0
-    handle: object = None  # history lookup in flight
+    waiting: bool = False  # history lookup in flight
     pending: list = field(default_factory=list)  # [ctl, tokens, offset] history streams to insert
 
 
@@ -336,7 +336,8 @@ class SamDrafter:
         self.groups: OrderedDict[object, _Group] = OrderedDict()
         self.requests: dict[str, _Req] = {}
         self._out = np.empty(self.k, np.int32)
-        self._awaiting: list[_Group] = []  # history lookups in flight
+        self._to_fetch: list[tuple[object, _Group]] = []  # new groups: history looked up at the next tick
+        self._awaiting: list[tuple[object, list[_Group]]] = []  # (lookup handle, its groups) in flight
         self._inserting: deque[_Group] = deque()  # groups with history left to insert, in turn
         self.evictions = 0
         self.history_tokens_inserted = 0
@@ -360,9 +361,8 @@ class SamDrafter:
         if group is None:
             group = self.groups[key] = _Group(GroupAutomaton(self.reserve_tokens))
             if self.history is not None:
-                group.handle = self.history.prefetch(key)
-                self._awaiting.append(group)
-                self.history_lookups += 1
+                group.waiting = True
+                self._to_fetch.append((key, group))
         self.groups.move_to_end(key)
         group.live += 1
         st = new_stream(self.k, self.min_match, self.adaptive_k, num_prompt, self.occurrence)
@@ -432,20 +432,26 @@ class SamDrafter:
             return 0
         self.history.flush()
         t_end = time.perf_counter() + self.history_s_per_step
+        if self._to_fetch:  # one lookup for every prompt that started since the last tick
+            keys, groups = zip(*self._to_fetch, strict=True)
+            self._awaiting.append((self.history.prefetch(list(keys)), list(groups)))
+            self.history_lookups += 1
+            self._to_fetch = []
         if self._awaiting:
             still = []
-            for group in self._awaiting:
-                if group.handle is None:  # evicted meanwhile
+            for handle, groups in self._awaiting:
+                answers = self.history.poll(handle)
+                if answers is None:
+                    still.append((handle, groups))
                     continue
-                got = self.history.poll(group.handle)
-                if got is None:
-                    still.append(group)
-                    continue
-                group.handle = None
-                # the store lists the best last; insert it first (see the docstring)
-                group.pending = [[new_stream(0, occurrence=self.occurrence), t, 0] for t in got[::-1] if len(t)]
-                if group.pending:
-                    self._inserting.append(group)
+                for group, got in zip(groups, answers, strict=True):
+                    if not group.waiting:  # evicted meanwhile
+                        continue
+                    group.waiting = False
+                    # the store lists the best last; insert it first (see the docstring)
+                    group.pending = [[new_stream(0, occurrence=self.occurrence), t, 0] for t in got[::-1] if len(t)]
+                    if group.pending:
+                        self._inserting.append(group)
             self._awaiting = still
         budget = self.history_tokens_per_step
         queue = self._inserting
@@ -491,7 +497,7 @@ class SamDrafter:
             return
         for key in [k for k, g in self.groups.items() if g.live == 0]:
             group = self.groups.pop(key)
-            group.handle, group.pending = None, []  # no history work for an evicted group
+            group.waiting, group.pending = False, []  # no history work for an evicted group
             total -= group.gsam.nbytes
             self.evictions += 1
             if total <= self.budget_bytes:

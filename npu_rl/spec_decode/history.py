@@ -165,15 +165,15 @@ class LocalHistory:
     def add(self, key: bytes, tokens, reward: float | None = None) -> None:
         self.store.add(key, tokens, reward)
 
-    def prefetch(self, key: bytes):
-        """A handle for :meth:`poll` (here: the answer itself)."""
-        return self.store.get(key)
+    def prefetch(self, keys: list[bytes]):
+        """A handle for :meth:`poll` of the lookup of ``keys`` (here: the answers themselves)."""
+        return self.store.get_many(keys)
 
     def flush(self) -> None:
         """Nothing buffered here."""
 
-    def poll(self, handle) -> list[np.ndarray] | None:
-        """The responses once ready, else None (never blocks)."""
+    def poll(self, handle) -> list[list[np.ndarray]] | None:
+        """The responses per key once ready, else None (never blocks)."""
         return handle
 
 
@@ -181,9 +181,10 @@ class RayHistory:
     """A cluster-wide :class:`HistoryStore` in a named, detached Ray actor (get-or-create by name).
 
     ``add`` buffers, :meth:`flush` (once per engine step, from the drafter's ``tick``) sends the
-    buffer in one fire-and-forget call; ``prefetch`` starts a lookup and ``poll`` returns its answer only once
-    it has arrived (``ray.wait`` with timeout 0), so no engine step blocks on the actor. The first
-    engine to start creates the actor with its own settings; later ones reuse it.
+    buffer in one fire-and-forget call; ``prefetch`` starts one lookup for the step's new prompts
+    and ``poll`` returns its answer only once it has arrived (``ray.wait`` with timeout 0), so no
+    engine step blocks on the actor. The first engine to start creates the actor with its own
+    settings; later ones reuse it.
     """
 
     where = f"Ray actor {ACTOR_NAMESPACE}/{ACTOR_NAME} (every replica)"
@@ -206,10 +207,10 @@ class RayHistory:
             self.actor.add_many.remote(self._buffer)
             self._buffer = []
 
-    def prefetch(self, key: bytes):
-        return self.actor.get.remote(key)
+    def prefetch(self, keys: list[bytes]):
+        return self.actor.get_many.remote(keys)
 
-    def poll(self, handle) -> list[np.ndarray] | None:
+    def poll(self, handle) -> list[list[np.ndarray]] | None:
         ready, _ = self._ray.wait([handle], timeout=0)
         return self._ray.get(ready[0]) if ready else None
 
