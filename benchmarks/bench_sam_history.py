@@ -279,13 +279,11 @@ def section_history(groups_by_round, ray: bool) -> list[dict]:
     for i, (p, _) in enumerate(groups_by_round[-1]):
         d.start(f"r{i}", p)
     ticks = []
-    while True:
+    while not ticks or d.stats()["history_pending_tokens"]:
         t0 = time.thread_time()
-        n = d.tick()
+        d.tick()
         ticks.append(time.thread_time() - t0)
-        if n == 0:
-            break
-    t = np.array(ticks[:-1]) if len(ticks) > 1 else np.array(ticks)
+    t = np.array(ticks)
     row = {
         "store": "local",
         "responses_added": n_add,
