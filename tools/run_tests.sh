@@ -135,8 +135,8 @@ tests::main_job() {
 tests::main_job_async() {
     # The fully-async variant (issue 21): verl's fully_async_policy trainer, separate trainer and
     # rollouter pools, partial rollout, staleness 0.5, 4 trainer steps with a weight sync after each,
-    # checked by npu_rl.e2e check-async (docs/e2e.md). Measured 243 s (no preflight) and 349 s with the
-    # preflight on a machine loaded by other jobs; 10 minutes allowed (NPU_RL_ASYNC_JOB_TIMEOUT).
+    # checked by npu_rl.e2e check-async (docs/e2e.md). Measured: this stage 257 s, and 349 s on a
+    # 2-core machine loaded by other jobs; 10 minutes allowed (NPU_RL_ASYNC_JOB_TIMEOUT).
     CPU_RUN_RECIPE=recipes/qwen3-tiny/grpo_cpu_fully_async.sh CPU_RUN_ENV=recipes/qwen3-tiny/env_cpu_async.sh \
         CPU_RUN_CHECK=check-async tests::cpu_run main-job-async "${NPU_RL_ASYNC_JOB_TIMEOUT:-600}" --min-steps 4
 }
