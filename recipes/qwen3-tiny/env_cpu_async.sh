@@ -4,8 +4,9 @@
 #   bash ray_start_npu.sh recipes/qwen3-tiny/grpo_cpu_fully_async.sh recipes/qwen3-tiny/env_cpu_async.sh
 # - Ray logical CPUs: verl's fully-async controllers ask for 23 (FullyAsyncTrainer 10,
 #   FullyAsyncRollouter 10, MessageQueue 2, the task runner 1; fully_async_*.py, message_queue.py)
-#   before any worker; with env_cpu.sh's 16 the rollouter would wait for CPUs forever. 48 is what the
-#   measured runs used. If you set RAY_START_ARGS yourself, keep --num-cpus=48 (or more) in it.
+#   before the pools' placement groups (3 each) and the helper actors (1 each); with env_cpu.sh's 16
+#   the rollouter would wait for CPUs forever. 48 is what the measured runs used; the recipe refuses
+#   fewer. If you set RAY_START_ARGS yourself, keep --num-cpus=48 (or more) in it.
 # - Features the preflight refuses or finds without effect under this trainer are off: the long-tail
 #   guard (refused with partial rollout: no step waits for a response), rollout progress (the V1
 #   trainer's lines; the rollouter logs its own) and rollout rebalance (one rollout replica here,

@@ -21,9 +21,11 @@ if [[ "${VERL_PLATFORM:-}" != cpu ]]; then
     echo "error: recipes/qwen3-tiny/grpo_cpu_fully_async.sh runs on verl's CPU platform only; start it with its env script: $START" >&2
     exit 65
 fi
-# verl's fully-async controllers alone ask Ray for 23 logical CPUs (env_cpu_async.sh says which):
-# with fewer the rollouter never starts and the run waits forever, so refuse it here.
-RAY_CPUS_NEEDED=32
+# Ray's logical CPUs: verl's fully-async controllers alone ask for 23 (env_cpu_async.sh says which),
+# each pool's placement-group bundle for 3 more (ResourcePoolManager's max_colocate_count) and the
+# helper actors (agent loop, reward, TransferQueue) for 1 each. Too few and an actor waits for CPUs
+# forever, so refuse it here; 48 is the value the measured runs used (not a measured minimum).
+RAY_CPUS_NEEDED=48
 if [[ " ${RAY_START_ARGS:-} " =~ [[:space:]]--num-cpus[=[:space:]]+([0-9]+)[[:space:]] ]]; then
     ray_cpus="${BASH_REMATCH[1]}"
 else
@@ -31,9 +33,9 @@ else
 fi
 if ((ray_cpus < RAY_CPUS_NEEDED)); then
     echo "error: RAY_START_ARGS='${RAY_START_ARGS:-}' gives Ray ${ray_cpus} logical CPUs (0: no --num-cpus); verl's" \
-        "fully-async trainer needs ${RAY_CPUS_NEEDED} or more on this machine (FullyAsyncTrainer 10, FullyAsyncRollouter 10," \
-        "MessageQueue 2, task runner 1, and the workers). Start it with its env script ($START), or put" \
-        "--num-cpus=48 in RAY_START_ARGS" >&2
+        "fully-async trainer needs ${RAY_CPUS_NEEDED} (FullyAsyncTrainer 10, FullyAsyncRollouter 10, MessageQueue 2, task" \
+        "runner 1, 3 per pool, 1 per helper actor; with too few an actor waits forever). Start it with its env script" \
+        "($START), or put --num-cpus=${RAY_CPUS_NEEDED} in RAY_START_ARGS" >&2
     exit 65
 fi
 NPUS_PER_NODE="${NPUS_PER_NODE:-2}"
