@@ -189,8 +189,13 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     facts.update(
         model=Path(model_path.rstrip("/")).name,
         algorithm="DAPO" if dapo else str(sel(cfg, "algorithm.adv_estimator")).upper(),
-        nodes=int(sel(cfg, "trainer.nnodes")) + (pools.rollout_nodes if pools else 0),
-        dies_per_node=int(sel(cfg, "trainer.n_gpus_per_node")),
+        # the cluster: separate pools may share a node (1 + 1 dies on one node of 2)
+        nodes=int(env.get("NNODES") or 0) or int(sel(cfg, "trainer.nnodes")) + (pools.rollout_nodes if pools else 0)
+        if pools
+        else int(sel(cfg, "trainer.nnodes")),
+        dies_per_node=int(env.get("NPUS_PER_NODE") or 0) or int(sel(cfg, "trainer.n_gpus_per_node"))
+        if pools
+        else int(sel(cfg, "trainer.n_gpus_per_node")),
         trainer=cli.trainer,
         pools=f"{pools.trainer_dies} train + {pools.rollout_dies} rollout" if pools else "",
         prompt=lengths["prompt"],
