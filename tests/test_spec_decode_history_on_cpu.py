@@ -230,3 +230,34 @@ def test_the_proposer_keeps_unscheduled_requests_and_finishes_finished_ones():
     proposer.propose([])
     assert "a" not in d
     assert d.history.store.get(next(iter(d.groups)))[0].tolist() == [40, 41, 42, 43, 44]
+
+
+def test_history_through_the_ray_actor_reaches_another_replica():
+    """Two drafters (replicas) share one named Ray actor store: the first one's finished output is
+    drafted by the second, and no tick waits for the actor (lookups are polled)."""
+    ray = pytest.importorskip("ray")
+    import time
+
+    from npu_rl.spec_decode.history import RayHistory
+
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)  # a private instance
+    try:
+        prompt = np.arange(300, 320, dtype=np.int32)
+        earlier = (np.arange(800) % 89 + 600).astype(np.int32)
+        r1 = SamDrafter(k=4, group_budget_bytes=64 << 20, history=RayHistory(64 << 20))
+        r1.start("x", prompt)
+        r1.step("x", earlier)
+        r1.finish("x", reward=1.0)
+        r1.tick()  # flushes the output to the actor
+        r2 = SamDrafter(k=4, group_budget_bytes=64 << 20, history=RayHistory(1))  # same actor, by name
+        assert r2.history.actor._actor_id == r1.history.actor._actor_id
+        assert r2.history.stats()["responses"] == 1
+        r2.start("y", prompt)
+        r2.step("y", earlier[:3])
+        deadline = time.monotonic() + 60
+        while r2.stats()["history_tokens_inserted"] < len(earlier) and time.monotonic() < deadline:
+            r2.tick()
+        assert r2.step("y", earlier[3:5]).tolist() == earlier[5:9].tolist()
+        ray.kill(r1.history.actor)
+    finally:
+        ray.shutdown()
