@@ -449,7 +449,9 @@ class SamDrafter:
                         continue
                     group.waiting = False
                     # the store lists the best last; insert it first (see the docstring)
-                    group.pending = [[new_stream(0, occurrence=self.occurrence), t, 0] for t in got[::-1] if len(t)]
+                    group.pending = [
+                        [new_stream(0, occurrence=self.occurrence, recent_walk=0), t, 0] for t in got[::-1] if len(t)
+                    ]
                     if group.pending:
                         self._inserting.append(group)
             self._awaiting = still

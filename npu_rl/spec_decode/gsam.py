@@ -81,8 +81,9 @@ _EDGE_ROWS = (O_SRC, O_TOK, O_DST, O_NEXT)
     S_ACCEPTED,
     S_STEPS,  # steps that drafted
     S_OCC,  # 1: continue the first occurrence (else the most recent; the other is the fallback)
-) = range(17)
-_CTL = 17  # the last draft follows (S_KMAX slots)
+    S_WALK,  # suffix links above each new state whose RECENT this stream refreshes
+) = range(18)
+_CTL = 18  # the last draft follows (S_KMAX slots)
 
 
 @njit(cache=True, inline="always")
@@ -297,7 +298,7 @@ def _extend(new, a, m, h, ho, st):
             st[S_MFIRST] = -1
         s = cur
         k = 0
-        while s > 0 and k < RECENT_WALK:
+        while s > 0 and k < st[S_WALK]:
             a[orec + s] = i
             s = a[olk + s]
             k += 1
@@ -436,11 +437,19 @@ def _pow2(n: int) -> int:
 
 
 def new_stream(
-    k_max: int, min_match: int = 1, adaptive: bool = False, num_prompt: int = 0, occurrence: str = "recent"
+    k_max: int,
+    min_match: int = 1,
+    adaptive: bool = False,
+    num_prompt: int = 0,
+    occurrence: str = "recent",
+    recent_walk: int = RECENT_WALK,
 ) -> np.ndarray:
     """A stream's ctl array: draft length ``k_max`` (>= 0; adaptive: start there, move within
     [1, k_max]), shortest drafting match ``min_match`` (>= 1), ``num_prompt`` prompt tokens,
-    ``occurrence`` ("recent" or "first": which earlier occurrence a draft continues)."""
+    ``occurrence`` ("recent" or "first": which earlier occurrence a draft continues), ``recent_walk``:
+    suffix links above each new state whose latest occurrence this stream's tokens refresh (a
+    history stream passes 0: its text is older than the live streams' anyway, and it saves the
+    walk's writes on every history token)."""
     if occurrence not in ("recent", "first"):
         raise ValueError(f"occurrence={occurrence!r}: use 'recent' or 'first'")
     if k_max < 0 or min_match < 1:
@@ -452,6 +461,7 @@ def new_stream(
     st[S_ADAPT] = int(adaptive)
     st[S_MIN] = min_match
     st[S_OCC] = int(occurrence == "first")
+    st[S_WALK] = recent_walk
     return st
 
 
