@@ -285,8 +285,8 @@ class SamV1Adapter:
     """The issue-6 drafter (``SamDrafterV1``); with ``history``, a prompt's earlier-round responses
     from the shared store are added to the engine's group corpus when one of its requests starts."""
 
-    def __init__(self, k: int, budget_bytes: int, history: RoundHistory | None = None):
-        self.d = SamDrafterV1(k, group_budget_bytes=budget_bytes)
+    def __init__(self, k: int, budget_bytes: int, history: RoundHistory | None = None, occurrence: str = "recent"):
+        self.d = SamDrafterV1(k, group_budget_bytes=budget_bytes, occurrence=occurrence)
         self.history = history
         self.pending: dict[str, list] = {}
         self.seen: set[bytes] = set()  # digests of responses in this engine's corpus
@@ -344,8 +344,12 @@ class SamAdapter(SamV1Adapter):
     """The issue-20 drafter (``SamDrafter``: live siblings, history store, optional adaptive k);
     ``tick`` runs once per engine step (its history inserts), timed apart as maintenance."""
 
-    def __init__(self, k: int, budget_bytes: int, history: RoundHistory | None, adaptive_k: bool):
-        self.d = SamDrafter(k, group_budget_bytes=budget_bytes, adaptive_k=adaptive_k, history=history)
+    def __init__(
+        self, k: int, budget_bytes: int, history: RoundHistory | None, adaptive_k: bool, occurrence: str = "recent"
+    ):
+        self.d = SamDrafter(
+            k, group_budget_bytes=budget_bytes, adaptive_k=adaptive_k, history=history, occurrence=occurrence
+        )
         self.history = history
         self.pending = {}
         self.history_ns = self.lookups = 0
@@ -373,7 +377,9 @@ class SamAdapter(SamV1Adapter):
 
 
 # ---------------------------------------------------------------------------------------------- runs
-def drafters(k: int, max_len: int, max_seqs: int, ngram_tuned: tuple[int, int], arctic: bool, budget: int):
+def drafters(
+    k: int, max_len: int, max_seqs: int, ngram_tuned: tuple[int, int], arctic: bool, budget: int, occ: str = "recent"
+):
     """name -> (make(engine) -> adapter, end_round or None) for one replay (fresh shared state)."""
     out: dict[str, Callable] = {}
 
@@ -384,7 +390,7 @@ def drafters(k: int, max_len: int, max_seqs: int, ngram_tuned: tuple[int, int], 
     out[f"ngram tuned {ngram_tuned}"] = simple(lambda e: NgramAdapter(k, *ngram_tuned, max_len, max_seqs))
     if arctic:
         out["suffix (vLLM 0.23)"] = simple(lambda e: SuffixAdapter(k))
-    out["SAM today"] = simple(lambda e: SamV1Adapter(k, budget))
+    out["SAM today"] = simple(lambda e: SamV1Adapter(k, budget, occurrence=occ))
 
     def with_history(make):
         def build():
@@ -393,9 +399,9 @@ def drafters(k: int, max_len: int, max_seqs: int, ngram_tuned: tuple[int, int], 
 
         return build
 
-    out["SAM + history"] = with_history(lambda e, h: SamV1Adapter(k, budget, h))
-    out["SAM + live + history"] = with_history(lambda e, h: SamAdapter(k, budget, h, False))
-    out["SAM + live + history + adaptive k"] = with_history(lambda e, h: SamAdapter(k, budget, h, True))
+    out["SAM + history"] = with_history(lambda e, h: SamV1Adapter(k, budget, h, occ))
+    out["SAM + live + history"] = with_history(lambda e, h: SamAdapter(k, budget, h, False, occ))
+    out["SAM + live + history + adaptive k"] = with_history(lambda e, h: SamAdapter(k, budget, h, True, occ))
     return out
 
 
@@ -503,6 +509,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--gate", type=int, default=32, help="batch-size gate: draft while the running batch <= this")
     ap.add_argument("--budget-mib", type=int, default=256, help="SAM group corpus and history store MiB")
+    ap.add_argument(
+        "--occurrence",
+        choices=["recent", "first"],
+        default="recent",
+        help="which earlier occurrence SAM drafts continue (run twice to compare)",
+    )
     ap.add_argument("--ngram-tuned", default="1,8", help="MIN,MAX lookup of the tuned n-gram row")
     ap.add_argument("--drafters", nargs="+", help="only these drafters (names as printed)")
     ap.add_argument("--no-sequential", action="store_true", help="skip the sequential upper-bound rows")
@@ -548,6 +560,7 @@ def main(argv=None) -> int:
         datasets["Sky-T1 ckpts"] = load_skyt1(d, tok, sky_prompts, with_capped=capped == "keep")
     meta = {"mode": "quick" if args.quick else "full", "engines": args.engines, "gate": args.gate, "k": ks}
     meta["routing"] = args.routing
+    meta["occurrence"] = args.occurrence
     meta["spec_decode_code"] = code_version()
     meta["command"] = "python benchmarks/bench_sam.py " + " ".join(argv if argv is not None else sys.argv[1:])
     for name, rounds in datasets.items():
@@ -578,7 +591,7 @@ def main(argv=None) -> int:
     results = []
     for name, rounds in datasets.items():
         for k in ks:
-            table = drafters(k, max_len, max_seqs, tuned, arctic, args.budget_mib * MIB)
+            table = drafters(k, max_len, max_seqs, tuned, arctic, args.budget_mib * MIB, args.occurrence)
             for dname, build in table.items():
                 if args.drafters and dname not in args.drafters:
                     continue
@@ -613,7 +626,7 @@ def main(argv=None) -> int:
 def setting(meta: dict, data: str) -> str:
     """A run's replay settings in words (data, engines, gate, routing, requests, loops)."""
     info = meta.get(data, {})
-    gate = "off" if meta["gate"] >= 1 << 20 else meta["gate"]
+    gate = "off" if meta["gate"] >= 100_000 else meta["gate"]
     s = f"{data}, {meta['engines']} engines, gate {gate}, {meta.get('routing', 'spread')} routing"
     s += f", {info.get('requests', '?')} responses"
     return s + (f" ({info['capped_requests']} capped loops replayed)" if info.get("capped_requests") else "")
