@@ -1,5 +1,6 @@
 """Evidence of a training run, read from its run directory: did every step, the weight sync and each
-switched-on feature really happen? (``python -m npu_rl.e2e check RUN_DIR``)
+switched-on feature really happen? (``python -m npu_rl.e2e check RUN_DIR``; a run of verl's
+fully-async trainer: ``python -m npu_rl.e2e check-async RUN_DIR``, :mod:`npu_rl.e2e_async`)
 
 The launcher writes ``RUN_DIR/train.log`` (the recipe's output: verl's console metrics, one
 ``step:N - key:value - ...`` line per step, and what verl's Ray actors print) and ``RUN_DIR/env.txt``
