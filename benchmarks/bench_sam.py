@@ -654,7 +654,8 @@ def pivot(results: list[dict]) -> str:
                 if "capped" in r:
                     c += f"; loops {r['capped']['tokens_per_pass']:.3f}"
                 cells.append(c)
-            out.append(f"| {name} | {rep.split(' ')[0]} | " + " | ".join(cells) + " |")
+            label = "sequential (upper bound)" if rep.startswith("sequential") else rep
+            out.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)
 
