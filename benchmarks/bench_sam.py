@@ -532,7 +532,7 @@ def main(argv=None) -> int:
         runs = [json.loads(Path(f).read_text()) for f in args.table]
         for run in runs:
             for r in run["results"]:
-                r.setdefault("setting", setting(run["meta"], r["data"]))
+                r["setting"] = setting(run["meta"], r["data"])
         saved = {"meta": [r["meta"] for r in runs], "results": [x for r in runs for x in r["results"]]}
         if len(runs) == 1:
             saved = runs[0]
