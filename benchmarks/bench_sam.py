@@ -35,7 +35,7 @@ response each (checkpoint t-1's response is the history of checkpoint t's). Trac
 the 32K cap (>= 31,000 Qwen3 tokens: repetition loops) are replayed in full mode and reported
 separately (they flatter every drafter); ``--quick`` leaves them out and uses fewer prompts.
 
-    python benchmarks/bench_sam.py --quick            # ~5 minutes on 2 cores
+    python benchmarks/bench_sam.py --quick            # ~1.5 minutes on 2 shared cores (81 s measured)
     python benchmarks/bench_sam.py --json docs/spec_decode_bench.json --plot docs/spec_decode_acceptance.png
     python benchmarks/bench_sam.py --table docs/spec_decode_bench.json   # tables of a saved run
 """
