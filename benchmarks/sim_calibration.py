@@ -13,10 +13,15 @@ Prints, from one run:
    generate time vs the published 10213 s (before rollout rebalance) / 7841 s / 6102 s, with the ratio
    swept over the §7 uncertainty ranges; KV preemptions; the simulated running count per rank against
    the published KV hyperbola (900,608 / length).
-3. Qwen3-32B recipe (GBS 64 x n 16 = 1024 requests, 4 TP8 replicas, 256 seqs, 1.35M KV tokens) on the same
-   curve and on the real Sky-T1 and MATH lengths: generate time (published 32B 2K/34K run: 1621 s with
-   graph mode + SAM), share of the step with <= 8 running requests (published: 34%), ratio to the lower
-   bound.
+3. Qwen3-32B. (a) The published 32B run replayed with its own settings: GBS 128 x n 16 = 2048 requests
+   on 16 A3 cards = 4 TP8 replicas, max_num_seqs 128 (cann-recipes-train llm_rl/qwen3/README.md table and
+   internal/train_grpo_qwen3_32b_32die_true_weight.sh: INFER_TP 8, INFER_DP 4, MAX_NUM_SEQS 128), lengths
+   from the published 235B curve; the eager preset against the published eager first-step generate times
+   without SAM (README: GRPO 2261 s; REFERENCE §4 write-up: 2444 s), the graph preset against the
+   write-up's 1621 s (graph mode + SAM; no plain graph-mode figure is published). (b) Our recipe's own
+   step (GBS 64 x n 16 = 1024 requests, 256 seqs, graph mode) on the same curve and on the real Sky-T1 and
+   MATH lengths: generate time, share of the step with <= 8 running requests (published 32B run: 34%),
+   ratio to the lower bound. (b) has no published counterpart (half the requests of (a)).
 
 Writes ``sim_calibration_tails.png`` and ``sim_calibration_timelines.png`` under ``--out``.
 """
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -41,7 +47,10 @@ from npu_rl.sim.sweep import sweep  # noqa: E402
 from npu_rl.sim.workloads import lengths_from_survival, load_workload, sample_step  # noqa: E402
 
 PUBLISHED_235B_S = {"baseline": 10213.0, "rebalance 1": 7841.0, "rebalance 2": 6102.0}
-PUBLISHED_32B_S = 1621.0
+# Published Qwen3-32B GRPO first-step generate times, GBS 128 x n 16, 2K/34K, 16 A3 cards (32 dies).
+PUBLISHED_32B_EAGER_S = {"README, SAM off": 2261.0, "write-up, no SAM": 2444.0}
+PUBLISHED_32B_GRAPH_SAM_S = 1621.0  # write-up: graph mode + SAM (2106 s with SAM in eager mode)
+REF_32B_PROMPTS, REF_32B_MAX_NUM_SEQS = 128, 128  # README table GBS; internal/train_grpo_qwen3_32b_32die_*.sh
 CAP = 32768
 
 
@@ -139,10 +148,77 @@ def main(argv=None) -> int:
         )
         print("  sweep:", s.summary("simulated / published 7841 s", ".2f"))
 
-    # ---- 3. 32B recipe --------------------------------------------------------------------------------
+    # ---- 3. 32B: the published run's settings, then our recipe -----------------------------------------
+    def fmt(vals, f):
+        return f"{np.mean(vals):{f}} [{np.min(vals):{f}}, {np.max(vals):{f}}]"
+
+    def run_steps(draw, cost, cfg):
+        stats = {k: [] for k in ("len", "step", "lb", "tail8", "tail8r", "idle", "preempt")}
+        first = None
+        for _ in range(args.steps):
+            reqs = draw()
+            res = simulate(reqs, cost, cfg, VerlDefaultRouting(seed=args.seed))
+            first = first or (reqs, res)
+            stats["len"].append(np.mean([r.response_len for r in reqs]))
+            stats["step"].append(res.step_ms / 1e3)
+            stats["lb"].append(res.ratio_to_lower_bound)
+            stats["tail8"].append(tail_share(res, 8))
+            stats["tail8r"].append(tail_share(res, 8, per_replica=True))
+            stats["idle"].append(res.idle_fraction.mean())
+            stats["preempt"].append(int(res.preemptions.sum()))
+        return stats, first
+
+    def report(label, stats):
+        print(
+            f"  {label:24s} mean len {np.mean(stats['len']):6.0f}  step s {fmt(stats['step'], '.0f')}  "
+            f"LB ratio {fmt(stats['lb'], '.2f')}  idle {fmt(stats['idle'], '.2f')}  "
+            f"KV preemptions {fmt(stats['preempt'], '.0f')}\n"
+            f"  {'':24s} share of step with <=8 running: all replicas {fmt(stats['tail8'], '.2f')}, "
+            f"per replica while busy {fmt(stats['tail8r'], '.2f')}"
+        )
+
+    ref_cfg32 = dataclasses.replace(ReplicaConfig.qwen3_32b_recipe(), max_num_seqs=REF_32B_MAX_NUM_SEQS)
+    n_ref = REF_32B_PROMPTS * 16
+    print(
+        f"\n== 3a. published Qwen3-32B run replayed: {n_ref} requests ({REF_32B_PROMPTS} x 16), "
+        f"4 x TP8, max_num_seqs {REF_32B_MAX_NUM_SEQS}, lengths from the published 235B curve; "
+        f"{args.steps} sampled steps: mean [min, max]"
+    )
+    presets = {"eager": CostModel.qwen3_32b_tp8_a3_eager(), "graph": CostModel.qwen3_32b_tp8_a3_graph()}
+    published = {"eager": PUBLISHED_32B_EAGER_S, "graph": {"write-up, graph + SAM": PUBLISHED_32B_GRAPH_SAM_S}}
+    ref_first = {}
+    for mode, cost in presets.items():
+        rng_ref = np.random.default_rng([args.seed, 4])  # same lengths for both presets
+        stats, ref_first[mode] = run_steps(
+            lambda rng_ref=rng_ref: curve_requests(q_x, q_f, REF_32B_PROMPTS, 16, rng_ref, prompt_len=200),
+            cost,
+            ref_cfg32,
+        )
+        report(f"{mode} preset", stats)
+        for k, v in published[mode].items():
+            ratios = [x / v for x in stats["step"]]
+            print(f"  {'':24s} published {k}: {v:.0f} s -> simulated / published = {fmt(ratios, '.2f')}")
+    print(
+        f"  published eager / graph (both with SAM): 2106 / 1621 = {2106 / 1621:.2f}; simulated eager / graph "
+        f"(no SAM, first step): {ref_first['eager'][1].step_ms / ref_first['graph'][1].step_ms:.2f}"
+    )
+    if not args.no_sweep:
+        for mode, pub in (("eager", PUBLISHED_32B_EAGER_S["README, SAM off"]), ("graph", PUBLISHED_32B_GRAPH_SAM_S)):
+            reqs = ref_first[mode][0]
+            s = sweep(
+                lambda c, reqs=reqs, pub=pub: (
+                    simulate(reqs, c, ref_cfg32, VerlDefaultRouting(seed=args.seed)).step_ms / 1e3 / pub
+                ),
+                presets[mode],
+            )
+            print("  sweep (first step):", s.summary(f"{mode} preset / published {pub:.0f} s", ".2f"))
+
     cost32 = CostModel.qwen3_32b_tp8_a3_graph()
     cfg32 = ReplicaConfig.qwen3_32b_recipe()
-    print(f"\n== 3. Qwen3-32B recipe (1024 requests, 4 x TP8, graph mode); {args.steps} sampled steps: mean [min, max]")
+    print(
+        f"\n== 3b. our Qwen3-32B recipe (1024 requests = 64 x 16, 4 x TP8, 256 seqs, graph mode; no published "
+        f"counterpart); {args.steps} sampled steps: mean [min, max]"
+    )
     rng3 = np.random.default_rng([args.seed, 3])
 
     def draw(name):
@@ -151,37 +227,11 @@ def main(argv=None) -> int:
         w = wl[name]
         return sample_step(w, rng3.integers(0, w.n_prompts, 64), 16, rng3)
 
-    def fmt(vals, f):
-        return f"{np.mean(vals):{f}} [{np.min(vals):{f}}, {np.max(vals):{f}}]"
-
     runs, results = {}, {}
     for name in ("published 235B curve", "skyt1", "skyt1_long", "qwen25math_maj8"):
-        stats = {k: [] for k in ("len", "step", "lb", "tail8", "tail8r", "idle")}
-        for k in range(args.steps):
-            reqs = draw(name)
-            res = simulate(reqs, cost32, cfg32, VerlDefaultRouting(seed=args.seed))
-            if k == 0:
-                runs[name], results[name] = reqs, res
-            stats["len"].append(np.mean([r.response_len for r in reqs]))
-            stats["step"].append(res.step_ms / 1e3)
-            stats["lb"].append(res.ratio_to_lower_bound)
-            stats["tail8"].append(tail_share(res, 8))
-            stats["tail8r"].append(tail_share(res, 8, per_replica=True))
-            stats["idle"].append(res.idle_fraction.mean())
-        print(
-            f"  {name:20s} mean len {np.mean(stats['len']):6.0f}  step s {fmt(stats['step'], '.0f')}  "
-            f"LB ratio {fmt(stats['lb'], '.2f')}  idle {fmt(stats['idle'], '.2f')}\n"
-            f"  {'':20s} share of step with <=8 running: all replicas {fmt(stats['tail8'], '.2f')}, "
-            f"per replica while busy {fmt(stats['tail8r'], '.2f')}"
-        )
-    print(f"  published 32B 2K/34K generate time (graph mode + SAM): {PUBLISHED_32B_S:.0f} s; tail <=8 running: 34%")
+        stats, (runs[name], results[name]) = run_steps(lambda name=name: draw(name), cost32, cfg32)
+        report(name, stats)
     if not args.no_sweep:
-        reqs = runs["published 235B curve"]
-        s = sweep(
-            lambda c: simulate(reqs, c, cfg32, VerlDefaultRouting(seed=args.seed)).step_ms / 1e3 / PUBLISHED_32B_S,
-            cost32,
-        )
-        print("  sweep (first step):", s.summary("simulated (235B curve) / published 1621 s", ".2f"))
         reqs = runs["skyt1"]
         s = sweep(lambda c: simulate(reqs, c, cfg32, VerlDefaultRouting(seed=args.seed)).ratio_to_lower_bound, cost32)
         print("  sweep (first step):", s.summary("Sky-T1 step / lower bound", ".2f"))
