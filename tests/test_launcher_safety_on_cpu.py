@@ -144,13 +144,21 @@ def _plan_recipe(tmp_path, body: str) -> Path:
     [
         ('"$NPU_RL_TRAIN_PYTHON" -m verl.trainer.main_ppo trainer.nnodes=1\n', "run python -m verl.trainer.main_ppo"),
         ('"$NPU_RL_TRAIN_PYTHON" -c "import verl.trainer.main_ppo"\n', "import verl.trainer.main_ppo"),
+        (
+            '"$NPU_RL_TRAIN_PYTHON" -m verl.experimental.fully_async_policy.fully_async_main trainer.nnodes=1\n',
+            "run python -m verl.experimental.fully_async_policy.fully_async_main",
+        ),
+        (
+            '"$NPU_RL_TRAIN_PYTHON" "$NPU_RL_ROOT/sources/verl/verl/experimental/one_step_off_policy/main_ppo.py"\n',
+            f"run {REPO_ROOT}/sources/verl/verl/experimental/one_step_off_policy/main_ppo.py",
+        ),
         ('"$(dirname "$NPU_RL_TRAIN_PYTHON")/ray" start --head --port=1\n', "start Ray (`ray start`)"),
         (
             'unset RAY_ADDRESS\n"$NPU_RL_TRAIN_PYTHON" -c "import ray; ray.init()"\n',
             "start a local Ray cluster (ray.init() without an address)",
         ),
     ],
-    ids=["main_ppo", "import-main_ppo", "ray-start", "ray-init"],
+    ids=["main_ppo", "import-main_ppo", "fully-async", "one-step-off-file", "ray-start", "ray-init"],
 )
 def test_plan_mode_refuses_whatever_would_train_or_start_ray(env, tmp_path, body, refused):
     r = _launch(env, "--dry-run", _plan_recipe(tmp_path, body))

@@ -6,7 +6,8 @@ preflight before Ray starts: ``NPU_RL_MODE=plan`` / ``NPU_RL_PLAN_MARK``). Pytho
 ``sitecustomize`` at start-up, so every Python started then, however the recipe starts it, refuses to
 
 * run ``verl.trainer.main_ppo`` (``-m``, its file, or an import of it: verl's other entry points
-  import ``run_ppo`` from it),
+  import ``run_ppo`` from it) or the fully-async and one-step-off-policy entry points (``-m`` or
+  their file),
 * start Ray (``ray start``, or ``ray.init()`` without an address, which starts a local cluster),
 
 with one line naming what was refused, exit 2. The preflight imports none of these. Any other
@@ -19,6 +20,14 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+
+# verl's training entry points (run_verl --trainer sync|fully_async|one_step_off): refused by name on
+# the command line, before their heavy imports; the two experimental ones also import main_ppo.
+TRAINERS = (
+    "verl.trainer.main_ppo",
+    "verl.experimental.fully_async_policy.fully_async_main",
+    "verl.experimental.one_step_off_policy.main_ppo",
+)
 
 
 def _why() -> str | None:
@@ -50,12 +59,12 @@ def _command_line(why: str) -> None:
     argv = list(getattr(sys, "orig_argv", sys.argv))[1:]
     for i, a in enumerate(argv):
         module = a[2:] if a.startswith("-m") and a != "-m" else argv[i + 1] if a == "-m" and i + 1 < len(argv) else ""
-        if module == "verl.trainer.main_ppo":
-            _refuse("run python -m verl.trainer.main_ppo", why, at_start=True)
+        if module in TRAINERS:
+            _refuse(f"run python -m {module}", why, at_start=True)
         if module == "ray.scripts.scripts" and "start" in argv[i + 1 :]:
             _refuse("start Ray (`ray start`)", why, at_start=True)
     words = [a for a in argv if not a.startswith("-")]
-    if words and words[0].replace(os.sep, "/").endswith("verl/trainer/main_ppo.py"):
+    if words and any(words[0].replace(os.sep, "/").endswith(m.replace(".", "/") + ".py") for m in TRAINERS):
         _refuse(f"run {words[0]}", why, at_start=True)
     if words and os.path.basename(words[0]) == "ray" and "start" in words[1:]:
         _refuse("start Ray (`ray start`)", why, at_start=True)
