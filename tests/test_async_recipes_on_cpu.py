@@ -405,7 +405,6 @@ def _feature(name):
         ("long-tail guard", "fully_async", True, "error", "only cut samples"),
         ("long-tail guard", "fully_async", False, "warning", "v1/trainer_base.py:1943"),
         ("rollout rebalance", "fully_async", True, "warning", "llm_server.py:388"),
-        ("SAM speculative decoding", "fully_async", True, "warning", "without its siblings"),
         ("rollout progress", "one_step_off", False, "warning", "v1/replay_buffer.py:237"),
     ],
 )
@@ -418,6 +417,17 @@ def test_our_features_under_the_separate_pool_trainers(fully_async_cfg, feature,
     found = r.errors if severity == "error" else r.warnings
     assert len(found) == 1 and says in found[0].message and found[0].fix, [p.render() for p in found]
     assert not (r.warnings if severity == "error" else r.errors)
+
+
+def test_sam_under_partial_rollout_passes_without_a_finding(fully_async_cfg):
+    # A request resumed after a weight sync rejoins its group by prompt prefix
+    # (tests/test_spec_decode_history_on_cpu.py::test_a_request_resumed_as_prompt_plus_output_rejoins_its_group).
+    from npu_rl.preflight.async_checks import check_features
+
+    r = _report()
+    cfg = _with(fully_async_cfg, async_training__partial_rollout=True)
+    check_features(cfg, "fully_async", [_feature("SAM speculative decoding")], r)
+    assert not r.errors and not r.warnings, [p.render() for p in r.errors + r.warnings]
 
 
 def test_rebalance_with_dynamic_resource_scheduling_is_refused(fully_async_cfg):

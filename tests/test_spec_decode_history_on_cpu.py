@@ -99,6 +99,26 @@ def test_live_sibling_drafts_the_step_after_it_was_written():
     assert len(d.groups) == 2
 
 
+def test_a_request_resumed_as_prompt_plus_output_rejoins_its_group():
+    # verl's partial rollout re-sends a request aborted at a weight sync with the same id and
+    # prompt + tokens so far as its prompt (llm_server.py generate): it must still see its siblings.
+    d = SamDrafter(k=4, group_budget_bytes=64 << 20)
+    prompt = np.arange(100, 110, dtype=np.int32)
+    out = np.arange(200, 240, dtype=np.int32)  # no repeats: only a sibling can draft it
+    d.start("a", prompt)
+    d.start("b", prompt)
+    d.step("a", out)  # sibling a wrote the whole response
+    d.step("b", out[:10])
+    d.drop("b")  # aborted at the weight sync
+    d.start("b", np.concatenate([prompt, out[:10]]))  # resumed: vLLM counts it all as prompt
+    assert len(d.groups) == 1 and d.resumed == 1
+    assert d.step("b", out[10:12]).tolist() == out[12:16].tolist()
+    # A prompt that only shares a prefix of another group's prompt (not the whole of it) is new.
+    d.start("c", np.concatenate([prompt[:5], out[:10]]))
+    assert len(d.groups) == 2 and d.resumed == 1
+    assert d.step("c", out[10:12]).tolist() == []
+
+
 def test_adaptive_k_grows_on_full_acceptance_and_halves_on_a_miss():
     d = SamDrafter(k=6, group_budget_bytes=64 << 20, adaptive_k=True)
     period = np.array([1, 2, 3, 4, 5, 6, 7], np.int32)

@@ -575,14 +575,6 @@ def check_features(cfg, trainer: str, on: Iterable[Any], report: Report) -> None
                 ),
                 "judge it by the rollout's time per step, not by rollout_rebalance/* metrics",
             )
-        elif f.config and f.config[1] == "sam" and partial:
-            report.warn(
-                switch,
-                "SAM works under partial rollout, but a request resumed after a weight sync comes back as prompt + "
-                "tokens so far (llm_server.py:291) and SAM keys its group corpus by the prompt "
-                "(npu_rl/spec_decode/corpus.py prompt_key): the resumed rest drafts without its siblings",
-                "expect a lower acceptance on resumed requests; raise trigger_parameter_sync_step to resume fewer",
-            )
         elif f.env == "NPU_RL_ROLLOUT_PROGRESS":
             report.warn(
                 switch,

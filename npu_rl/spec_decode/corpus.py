@@ -20,6 +20,9 @@ drive it the same way)::
   round served by this engine) is a *stream* of one :class:`~npu_rl.spec_decode.gsam.GroupAutomaton`,
   grown token by token as the engine samples (live siblings: a request drafts from a sibling's text
   the step after the sibling wrote it). Finishing a request only closes its stream: no bulk insert.
+- Resumed requests: a request re-sent as prompt + its tokens so far (verl's partial rollout, after a
+  weight sync) joins the cached group whose prompt is the longest proper prefix of its prompt
+  (:meth:`SamDrafter._resumed_key`), so it keeps drafting from its siblings and history.
 - Draft: the continuation of the longest suffix of the request's own text that occurs anywhere in
   the group (own earlier text, live or finished siblings, history), most recent occurrence first;
   ``max_draft`` caps it (0: catch up only, e.g. above the batch-size gate).
@@ -46,7 +49,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -274,6 +277,7 @@ class _Group:
     live: int = 0
     waiting: bool = False  # history lookup in flight
     pending: list = field(default_factory=list)  # [ctl, tokens, offset] history streams to insert
+    prompt_len: int = 0  # tokens prompt_key hashed (0: a caller's key, never matched as a prefix)
 
 
 @dataclass
@@ -342,6 +346,8 @@ class SamDrafter:
         self.evictions = 0
         self.history_tokens_inserted = 0
         self.history_lookups = 0
+        self.resumed = 0  # requests joined to their group by a prompt prefix (see _resumed_key)
+        self._prompt_lens: Counter[int] = Counter()  # prompt lengths of the prompt-keyed groups
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self, req_id: str, prompt_ids, num_prompt: int | None = None, key=None) -> None:
@@ -357,9 +363,16 @@ class SamDrafter:
             key = ("private", req_id)
         elif key is None:
             key = prompt_key(ids[:num_prompt])
+            if key not in self.groups:
+                key, plen = self._resumed_key(ids, num_prompt) or (key, num_prompt)
+            else:
+                plen = num_prompt
         group = self.groups.get(key)
         if group is None:
             group = self.groups[key] = _Group(GroupAutomaton(self.reserve_tokens))
+            if isinstance(key, bytes):
+                group.prompt_len = plen
+                self._prompt_lens[plen] += 1
             if self.history is not None:
                 group.waiting = True
                 self._to_fetch.append((key, group))
@@ -369,6 +382,23 @@ class SamDrafter:
         self.requests[req_id] = _Req(st, group, key)
         group.gsam.append(st, ids)
         self._evict()
+
+    def _resumed_key(self, ids: np.ndarray, num_prompt: int) -> tuple[bytes, int] | None:
+        """The group of a request resumed as prompt + its tokens so far, or None.
+
+        verl's partial rollout re-sends a request aborted at a weight sync with the same id and
+        ``prompt_ids + tokens so far`` as its prompt (``verl/workers/rollout/llm_server.py``,
+        ``generate``), and vLLM then counts all of it as prompt. Its group is the cached group whose
+        prompt is the longest proper prefix of ``ids[:num_prompt]``: one digest per distinct prompt
+        length among the cached groups (a handful: one per prompt length in flight).
+        """
+        for n in sorted(self._prompt_lens, reverse=True):
+            if n < num_prompt:
+                key = prompt_key(ids[:n])
+                if key in self.groups:
+                    self.resumed += 1
+                    return key, n
+        return None
 
     def finish(self, req_id: str, reward: float | None = None) -> None:
         """``req_id`` finished: close its stream (its text stays in the group) and send its output,
@@ -500,6 +530,10 @@ class SamDrafter:
         for key in [k for k, g in self.groups.items() if g.live == 0]:
             group = self.groups.pop(key)
             group.waiting, group.pending = False, []  # no history work for an evicted group
+            if group.prompt_len:
+                self._prompt_lens[group.prompt_len] -= 1
+                if not self._prompt_lens[group.prompt_len]:
+                    del self._prompt_lens[group.prompt_len]
             total -= group.gsam.nbytes
             self.evictions += 1
             if total <= self.budget_bytes:
