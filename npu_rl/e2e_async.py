@@ -40,7 +40,9 @@ The checks (each can fail; tests/test_e2e_async_evidence_on_cpu.py shows how):
   ``--require-partial`` at least one trajectory spans two weight versions (interrupted at a sync and
   resumed). The tiny CPU run cannot show one: its rollouter finishes a step's prompts in ~1 s
   against ~20 s of actor update and is idle at every sync (docs/e2e.md);
-- features switched on in ``env.txt`` left their trace (:func:`npu_rl.e2e.check_features`).
+- features switched on in ``env.txt`` left their trace (:func:`npu_rl.e2e.check_features`) and said
+  they are active in the metrics at every logged step (:func:`npu_rl.e2e.check_active_metrics`; verl
+  patch 0010 logs them once per weight-sync cycle under this trainer).
 """
 
 from __future__ import annotations
@@ -295,4 +297,5 @@ def check(run_dir: Path, min_steps: int, kl_abs: float, kl_ratio: float, require
     check_rollout_matches_actor(ev, sched, kl_abs, kl_ratio)
     check_partial(ev, sched, require_partial)
     e2e.check_features(ev)
+    e2e.check_active_metrics(ev)
     return ev

@@ -1,8 +1,8 @@
 """Every switched-on feature says in the experiment tracker that it is active (issue 18, item 2).
 
 One metric per feature and step, ``npu_rl/<slug>/active`` (1.0 active, 0.0 switched on but found
-inactive), added to the trainer's step metrics by verl patch ``0009-verl-feature-active-metrics``
-(V1 and legacy trainers). What "active" rests on differs by where the feature runs:
+inactive), added to the trainer's step metrics by verl patch ``0010-verl-feature-active-metrics``
+(V1 and legacy trainers, one-step-off-policy at each step, fully async once per weight-sync cycle). What "active" rests on differs by where the feature runs:
 
 - **seen by the driver at this step**: the length-aware resampler (the dataloader's sampler is ours),
   rollout rebalance (the dispatcher reported this step's ``rollout_rebalance/*`` metrics); 0.0 when
@@ -92,7 +92,7 @@ def _resampler_active(sampler: Any) -> bool:
 
 def trainer_metrics(trainer: Any, metrics: Mapping[str, Any]) -> dict[str, float]:
     """:func:`active_metrics` for a verl trainer (``trainer.config``, its train dataloader's sampler):
-    the call verl patch 0009 makes at the end of each training step."""
+    the call verl patch 0010 makes at the end of each training step."""
     from omegaconf import OmegaConf
 
     config = trainer.config

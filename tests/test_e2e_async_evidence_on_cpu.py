@@ -82,7 +82,8 @@ def test_recorded_run_passes():
     assert "MISSING" not in out
     assert re.search(r"^ok      trainer steps: training/global_step \[1, 2, 3, 4\]", out, re.M)
     assert "ok      engine GC" in out
-    assert out.strip().splitlines()[-1] == "14 passed, 0 failed"
+    assert "ok      active metrics: npu_rl/<feature>/active = 1 at: engine_gc 4/4" in out
+    assert out.strip().splitlines()[-1] == "15 passed, 0 failed"
 
 
 def test_parse_async_keys_trainer_steps_by_global_step():
@@ -166,6 +167,15 @@ def test_switched_on_feature_without_trace_fails(tmp_path):
     rc, out = _check(run)
     assert rc == 1
     assert "MISSING rollout progress: 0 progress line(s)" in out
+
+
+def test_an_active_metric_missing_or_zero_at_a_step_fails(tmp_path):
+    # verl patch 0010 logs npu_rl/<feature>/active once per weight-sync cycle under this trainer.
+    run = _run(tmp_path, lambda lines: _set(lines, 3, "npu_rl/engine_gc/active", 0.0))
+    rc, out = _check(run)
+    assert rc == 1
+    assert "MISSING active metrics: npu_rl/<feature>/active = 1 at: engine_gc 3/4" in out
+    assert "0 at: ['npu_rl/engine_gc/active']" in out
 
 
 def test_a_main_ppo_run_is_refused(tmp_path, capsys):
