@@ -2,7 +2,8 @@
 
 One metric per feature and step, ``npu_rl/<slug>/active`` (1.0 active, 0.0 switched on but found
 inactive), added to the trainer's step metrics by verl patch ``0010-verl-feature-active-metrics``
-(V1 and legacy trainers, one-step-off-policy at each step, fully async once per weight-sync cycle). What "active" rests on differs by where the feature runs:
+(V1 and legacy trainers, one-step-off-policy at each step, fully async once per weight-sync cycle).
+What "active" rests on differs by where the feature runs:
 
 - **seen by the driver at this step**: the length-aware resampler (the dataloader's sampler is ours),
   rollout rebalance (the dispatcher reported this step's ``rollout_rebalance/*`` metrics); 0.0 when
