@@ -119,6 +119,23 @@ def test_a_request_resumed_as_prompt_plus_output_rejoins_its_group():
     assert d.step("c", out[10:12]).tolist() == []
 
 
+def test_a_resumed_request_joins_the_longest_cached_prompt_prefix():
+    # Cached groups at several prompt lengths that are all prefixes of the resumed prompt: the longest wins,
+    # and the incremental digests equal prompt_key's.
+    d = SamDrafter(k=3, group_budget_bytes=64 << 20)
+    prompt = np.arange(100, 120, dtype=np.int32)
+    out = np.arange(200, 230, dtype=np.int32)
+    d.start("a", prompt)
+    d.step("a", out)
+    for n in (9, 4):  # longest first: a new prompt with a shorter cached prompt as its prefix would join it
+        d.start(f"short{n}", prompt[:n])
+        d.drop(f"short{n}")
+    assert sorted(d._prompt_lens) == [4, 9, 20] and d.resumed == 0
+    d.start("b", np.concatenate([prompt, out[:8]]))
+    assert d.requests["b"].key == prompt_key(prompt) and d.resumed == 1
+    assert d.step("b", out[8:10]).tolist() == out[10:13].tolist()
+
+
 def test_adaptive_k_grows_on_full_acceptance_and_halves_on_a_miss():
     d = SamDrafter(k=6, group_budget_bytes=64 << 20, adaptive_k=True)
     period = np.array([1, 2, 3, 4, 5, 6, 7], np.int32)

@@ -22,7 +22,8 @@ drive it the same way)::
   the step after the sibling wrote it). Finishing a request only closes its stream: no bulk insert.
 - Resumed requests: a request re-sent as prompt + its tokens so far (verl's partial rollout, after a
   weight sync) joins the cached group whose prompt is the longest proper prefix of its prompt
-  (:meth:`SamDrafter._resumed_key`), so it keeps drafting from its siblings and history.
+  (:meth:`SamDrafter._resumed_key`), so it keeps drafting from its siblings and history. So does any
+  new prompt that extends a cached prompt (a later turn of the same conversation).
 - Draft: the continuation of the longest suffix of the request's own text that occurs anywhere in
   the group (own earlier text, live or finished siblings, history), most recent occurrence first;
   ``max_draft`` caps it (0: catch up only, e.g. above the batch-size gate).
@@ -388,17 +389,26 @@ class SamDrafter:
 
         verl's partial rollout re-sends a request aborted at a weight sync with the same id and
         ``prompt_ids + tokens so far`` as its prompt (``verl/workers/rollout/llm_server.py``,
-        ``generate``), and vLLM then counts all of it as prompt. Its group is the cached group whose
-        prompt is the longest proper prefix of ``ids[:num_prompt]``: one digest per distinct prompt
-        length among the cached groups (a handful: one per prompt length in flight).
+        ``generate``), and vLLM then counts all of it as prompt (under a new internal id: vLLM appends a
+        random suffix to the caller's id, so the id cannot tell). Its group is the cached group whose
+        prompt is the longest proper prefix of ``ids[:num_prompt]``. One incremental BLAKE2b pass over
+        the ids yields :func:`prompt_key` of every prefix at a cached prompt length, so the cost is one
+        hash of the prompt plus a digest copy per distinct cached prompt length, not a hash per length.
         """
-        for n in sorted(self._prompt_lens, reverse=True):
-            if n < num_prompt:
-                key = prompt_key(ids[:n])
-                if key in self.groups:
-                    self.resumed += 1
-                    return key, n
-        return None
+        lens = sorted(n for n in self._prompt_lens if n < num_prompt)
+        if not lens:
+            return None
+        h = hashlib.blake2b(digest_size=16)
+        found, done = None, 0
+        for n in lens:
+            h.update(ids[done:n].tobytes())
+            done = n
+            key = h.copy().digest()
+            if key in self.groups:
+                found = (key, n)
+        if found is not None:
+            self.resumed += 1
+        return found
 
     def finish(self, req_id: str, reward: float | None = None) -> None:
         """``req_id`` finished: close its stream (its text stays in the group) and send its output,
