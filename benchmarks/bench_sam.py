@@ -440,6 +440,7 @@ def run_one(name, build, rounds, k, engines, gate, max_num_seqs=1 << 30, by_prom
     if ticks:
         row["tick_us_mean"] = sum(a.tick_ns for a in made) / 1e3 / ticks
         row["tick_ms_max"] = max(a.tick_ns_max for a in made) / 1e6
+        row["tick_us_per_token"] = sum(a.tick_ns for a in made) / 1e3 / max(st.all.tokens, 1)  # history inserts
     row["wall_s"] = time.time() - t0
     return row
 
@@ -482,6 +483,8 @@ def fmt(row: dict) -> str:
         s += f"  start+history {row['history_us_per_request']:.0f} us/req"
     if "tick_ms_max" in row:
         s += f"  tick max {row['tick_ms_max']:.2f} ms"
+    if "tick_us_per_token" in row:
+        s += f" ({row['tick_us_per_token']:.2f} us/tok of it)"
     return s + f"  [{row['wall_s']:.0f} s]"
 
 
@@ -663,8 +666,9 @@ def pivot(results: list[dict]) -> str:
 def costs(results: list[dict]) -> str:
     """Drafter cost and memory per setting and drafter: ranges over k (concurrent replay)."""
     out = [
-        "| setting | drafter | µs / token | µs / propose | start+history µs / request | tick max ms | MiB / engine |",
-        "|---|---|---|---|---|---|---|",
+        "| setting | drafter | µs / token | of it tick µs / token | µs / propose | start+history µs / request "
+        "| tick max ms | MiB / engine |",
+        "|---|---|---|---|---|---|---|---|",
     ]
 
     def rng(vals, f):
@@ -680,6 +684,7 @@ def costs(results: list[dict]) -> str:
             m = [r for r in conc if r.get("setting", r["data"]) == st and r["drafter"] == name]
             out.append(
                 f"| {st} | {name} | {rng([r['us_per_token'] for r in m], '.2f')} | "
+                f"{rng([r.get('tick_us_per_token') for r in m], '.2f')} | "
                 f"{rng([r['us_per_call'] for r in m], '.1f')} | "
                 f"{rng([r.get('history_us_per_request') for r in m], '.0f')} | "
                 f"{rng([r.get('tick_ms_max') for r in m], '.2f')} | {rng([r['engine_peak_mib'] for r in m], '.1f')} |"

@@ -208,6 +208,52 @@ def test_history_reaches_another_replica_through_the_store_in_bounded_steps():
         SamDrafter(k=4, history=LocalHistory(store))
 
 
+def test_a_group_cached_from_an_earlier_round_gets_what_another_replica_added_since():
+    # round 1: replica A and replica B both serve the prompt; round 2: A serves it again. A's group is
+    # still cached (it holds A's own response); B's response reaches it through the store, A's own
+    # response is not inserted a second time, not even the opening the store's cap cuts it to.
+    store = HistoryStore(64 << 20, max_tokens_per_prompt=350)
+    prompt = np.arange(200, 220, dtype=np.int32)
+    mine = np.arange(1000, 1400, dtype=np.int32) % 89 + 500  # A's round-1 response
+    theirs = np.arange(2000, 2300, dtype=np.int32) % 83 + 5000  # B's round-1 response: other tokens
+    a = SamDrafter(k=4, group_budget_bytes=64 << 20, history=LocalHistory(store), history_ms_per_step=1e3)
+    b = SamDrafter(k=4, group_budget_bytes=64 << 20, history=LocalHistory(store), history_ms_per_step=1e3)
+    a.start("a1", prompt)
+    b.start("b1", prompt)
+    a.tick(), b.tick()  # round 1's lookups: the store is empty
+    a.step("a1", mine)
+    a.finish("a1", reward=1.0)
+    b.step("b1", theirs)
+    b.finish("b1", reward=1.0)
+    assert store.stats()["responses"] == 2
+    assert [t.shape[0] for t in store.get(prompt_key(prompt))] == [50, 300]  # A's cut, B's (newest) whole
+    group = a.groups[prompt_key(prompt)].gsam
+    before = group.num_tokens
+    a.start("a2", prompt)
+    assert a.step("a2", theirs[:3]).tolist() == []  # B's text is not in A's cached group yet
+    inserted = sum(a.tick() for _ in range(4))
+    assert inserted == theirs.shape[0]  # only B's response: A's own is already in the group
+    assert group.num_tokens == before + prompt.shape[0] + 3 + theirs.shape[0]
+    assert a.step("a2", theirs[3:5]).tolist() == theirs[5:9].tolist()
+
+
+def test_history_lookups_and_answers_are_bounded_per_tick():
+    from npu_rl.spec_decode.corpus import HISTORY_KEYS_PER_LOOKUP
+
+    store = HistoryStore(64 << 20)
+    prompts = [np.arange(i * 50, i * 50 + 20, dtype=np.int32) for i in range(3 * HISTORY_KEYS_PER_LOOKUP + 5)]
+    for p in prompts:
+        store.add(prompt_key(p), np.arange(300, 340, dtype=np.int32))
+    d = SamDrafter(k=4, group_budget_bytes=256 << 20, history=LocalHistory(store), history_ms_per_step=1e3)
+    for i, p in enumerate(prompts):
+        d.start(f"r{i}", p)
+    for t in range(4):
+        d.tick()
+        assert d.history_lookups == t + 1  # one lookup per tick, of at most HISTORY_KEYS_PER_LOOKUP prompts
+        assert sum(not g.waiting for g in d.groups.values()) == min(len(prompts), (t + 1) * HISTORY_KEYS_PER_LOOKUP)
+    assert d.stats()["history_tokens_inserted"] == 40 * len(prompts)
+
+
 def test_idle_groups_are_evicted_within_the_budget_running_ones_never():
     d = SamDrafter(k=2, group_budget_bytes=1)  # everything is over budget
     d.start("a", np.arange(50, dtype=np.int32))

@@ -70,7 +70,7 @@ from npu_rl.spec_decode.gsam import (
     _step,
     new_stream,
 )
-from npu_rl.spec_decode.history import HistoryStore, LocalHistory, RayHistory
+from npu_rl.spec_decode.history import HistoryStore, LocalHistory, RayHistory, response_digest
 from npu_rl.spec_decode.sam import C_GGEN, C_GLEN, C_GROUP, C_GSTATE, SuffixAutomaton, new_ctl
 
 __all__ = [
@@ -85,6 +85,7 @@ __all__ = [
 
 
 HISTORY_SLICE = 64  # history tokens a group inserts per turn in SamDrafter.tick (clock read between turns)
+HISTORY_KEYS_PER_LOOKUP = 32  # new prompts per history lookup (one lookup per tick)
 
 
 def prompt_key(prompt_ids) -> bytes:
@@ -279,6 +280,7 @@ class _Group:
     waiting: bool = False  # history lookup in flight
     pending: list = field(default_factory=list)  # [ctl, tokens, offset] history streams to insert
     prompt_len: int = 0  # tokens prompt_key hashed (0: a caller's key, never matched as a prefix)
+    seen: set = field(default_factory=set)  # digests of the responses in gsam (finished here, or history)
 
 
 @dataclass
@@ -343,6 +345,7 @@ class SamDrafter:
         self._out = np.empty(self.k, np.int32)
         self._to_fetch: list[tuple[object, _Group]] = []  # new groups: history looked up at the next tick
         self._awaiting: list[tuple[object, list[_Group]]] = []  # (lookup handle, its groups) in flight
+        self._answers: deque[tuple[_Group, list]] = deque()  # history answers not yet looked at
         self._inserting: deque[_Group] = deque()  # groups with history left to insert, in turn
         self.evictions = 0
         self.history_tokens_inserted = 0
@@ -377,6 +380,11 @@ class SamDrafter:
             if self.history is not None:
                 group.waiting = True
                 self._to_fetch.append((key, group))
+        elif self.history is not None and group.live == 0 and not group.waiting and not group.pending:
+            # a group cached from an earlier round: the store may hold responses another replica made
+            # since (verl routes a prompt to any replica); look again, insert only the unseen ones
+            group.waiting = True
+            self._to_fetch.append((key, group))
         self.groups.move_to_end(key)
         group.live += 1
         st = new_stream(self.k, self.min_match, self.adaptive_k, num_prompt, self.occurrence)
@@ -418,6 +426,7 @@ class SamDrafter:
             out = req.group.gsam.output(req.st)
             if out.shape[0]:
                 self.history.add(req.key, out, reward)
+                req.group.seen.add(response_digest(out))
         self.drop(req_id)
 
     def drop(self, req_id: str, contribute: bool = True) -> None:
@@ -472,29 +481,37 @@ class SamDrafter:
             return 0
         self.history.flush()
         t_end = time.perf_counter() + self.history_s_per_step
-        if self._to_fetch:  # one lookup for every prompt that started since the last tick
-            keys, groups = zip(*self._to_fetch, strict=True)
+        if self._to_fetch:  # one lookup per tick, for at most HISTORY_KEYS_PER_LOOKUP new prompts
+            batch = self._to_fetch[:HISTORY_KEYS_PER_LOOKUP]
+            self._to_fetch = self._to_fetch[HISTORY_KEYS_PER_LOOKUP:]
+            keys, groups = zip(*batch, strict=True)
             self._awaiting.append((self.history.prefetch(list(keys)), list(groups)))
             self.history_lookups += 1
-            self._to_fetch = []
         if self._awaiting:
             still = []
             for handle, groups in self._awaiting:
                 answers = self.history.poll(handle)
                 if answers is None:
                     still.append((handle, groups))
-                    continue
-                for group, got in zip(groups, answers, strict=True):
-                    if not group.waiting:  # evicted meanwhile
-                        continue
-                    group.waiting = False
-                    # the store lists the best last; insert it first (see the docstring)
-                    group.pending = [
-                        [new_stream(0, occurrence=self.occurrence, recent_walk=0), t, 0] for t in got[::-1] if len(t)
-                    ]
-                    if group.pending:
-                        self._inserting.append(group)
+                else:
+                    self._answers.extend(zip(groups, answers, strict=True))
             self._awaiting = still
+        # answers share the clock with the inserts (a lookup of many prompts is not handled at once);
+        # a response the group already holds (its own finished output, or inserted in an earlier
+        # round) is skipped by the digest the store computed
+        while self._answers and time.perf_counter() < t_end:
+            group, got = self._answers.popleft()
+            if not group.waiting:  # evicted meanwhile
+                continue
+            group.waiting = False
+            fresh = []
+            for dg, t in got[::-1]:  # the store lists the best last; insert it first (see the docstring)
+                if len(t) and dg not in group.seen:
+                    group.seen.add(dg)
+                    fresh.append(t)
+            group.pending = [[new_stream(0, occurrence=self.occurrence, recent_walk=0), t, 0] for t in fresh]
+            if group.pending:
+                self._inserting.append(group)
         budget = self.history_tokens_per_step
         queue = self._inserting
         while queue and budget > 0 and time.perf_counter() < t_end:

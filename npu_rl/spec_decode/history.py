@@ -28,6 +28,7 @@ Cost per step: ``benchmarks/bench_sam_history.py``.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -39,9 +40,16 @@ ACTOR_NAME = "npu_rl_sam_history"
 ACTOR_NAMESPACE = "npu_rl"
 
 
+def response_digest(tokens) -> bytes:
+    """16-byte BLAKE2b digest of a response's int32 token ids: its identity in the store and in a
+    drafter's group (the store computes it once at :meth:`HistoryStore.add`, off the engine)."""
+    return hashlib.blake2b(np.ascontiguousarray(tokens, np.int32).tobytes(), digest_size=16).digest()
+
+
 @dataclass
 class _Entry:
-    responses: list[tuple[float, int, np.ndarray]] = field(default_factory=list)  # (reward, seq, tokens)
+    # (reward, seq, tokens, digest of the whole response)
+    responses: list[tuple[float, int, np.ndarray, bytes]] = field(default_factory=list)
     nbytes: int = 0
 
 
@@ -94,12 +102,13 @@ class HistoryStore:
         if entry is None:
             entry = self._prompts[key] = _Entry()
         self._prompts.move_to_end(key)
-        for i, (r, seq, old) in enumerate(entry.responses):  # the same response again (every TP rank
-            if old.shape == tokens.shape and np.array_equal(old, tokens):  # sends it): keep one copy
+        digest = response_digest(tokens)
+        for i, (r, seq, old, dg) in enumerate(entry.responses):  # the same response again (every TP
+            if dg == digest:  # rank sends it): keep one copy
                 if reward is not None and float(reward) > r:
-                    entry.responses[i] = (float(reward), seq, old)
+                    entry.responses[i] = (float(reward), seq, old, dg)
                 return
-        item = (0.0 if reward is None else float(reward), next(self._seq), tokens)
+        item = (0.0 if reward is None else float(reward), next(self._seq), tokens, digest)
         cost = tokens.nbytes + RESPONSE_OVERHEAD
         entry.responses.append(item)
         entry.nbytes += cost
@@ -120,27 +129,29 @@ class HistoryStore:
         for key, tokens, reward in items:
             self.add(key, tokens, reward)
 
-    def get(self, key: bytes) -> list[np.ndarray]:
+    def get(self, key: bytes, digests: bool = False) -> list:
         """Prompt ``key``'s responses, weakest first and best last, at most ``max_tokens_per_prompt``
         tokens in all: the best first, the one that crosses the cap cut to its opening tokens, the
-        rest left out; [] when none. Marks the prompt as used."""
+        rest left out; [] when none. Marks the prompt as used. ``digests``: (digest of the whole
+        response, tokens) pairs instead of arrays, so that a drafter skips what its group already
+        holds, a cut response included, without hashing on the engine."""
         entry = self._prompts.get(key)
         if entry is None:
             return []
         self._prompts.move_to_end(key)
         ranked = sorted(entry.responses, key=self._weight, reverse=True)
         out, total = [], 0
-        for _, _, tokens in ranked:
+        for _, _, tokens, digest in ranked:
             room = self.max_tokens_per_prompt - total
             if room <= 0:
                 break
-            out.append(tokens[:room])
-            total += out[-1].shape[0]
+            out.append((digest, tokens[:room]) if digests else tokens[:room])
+            total += min(room, tokens.shape[0])
         return out[::-1]
 
-    def get_many(self, keys: list[bytes]) -> list[list[np.ndarray]]:
+    def get_many(self, keys: list[bytes], digests: bool = False) -> list[list]:
         """:meth:`get` for several keys (one round trip when the store is an actor)."""
-        return [self.get(k) for k in keys]
+        return [self.get(k, digests) for k in keys]
 
     def stats(self) -> dict:
         """Prompts, responses, bytes, evictions."""
@@ -166,14 +177,15 @@ class LocalHistory:
         self.store.add(key, tokens, reward)
 
     def prefetch(self, keys: list[bytes]):
-        """A handle for :meth:`poll` of the lookup of ``keys`` (here: the answers themselves)."""
-        return self.store.get_many(keys)
+        """A handle for :meth:`poll` of the lookup of ``keys`` (here: the answers themselves): per
+        key, (digest, tokens) per response as :meth:`HistoryStore.get` with ``digests=True``."""
+        return self.store.get_many(keys, True)
 
     def flush(self) -> None:
         """Nothing buffered here."""
 
-    def poll(self, handle) -> list[list[np.ndarray]] | None:
-        """The responses per key once ready, else None (never blocks)."""
+    def poll(self, handle) -> list[list[tuple[bytes, np.ndarray]]] | None:
+        """The (digest, tokens) responses per key once ready, else None (never blocks)."""
         return handle
 
 
@@ -208,9 +220,9 @@ class RayHistory:
             self._buffer = []
 
     def prefetch(self, keys: list[bytes]):
-        return self.actor.get_many.remote(keys)
+        return self.actor.get_many.remote(keys, True)
 
-    def poll(self, handle) -> list[list[np.ndarray]] | None:
+    def poll(self, handle) -> list[list[tuple[bytes, np.ndarray]]] | None:
         ready, _ = self._ray.wait([handle], timeout=0)
         return self._ray.get(ready[0]) if ready else None
 
