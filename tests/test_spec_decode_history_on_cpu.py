@@ -182,7 +182,8 @@ def test_history_store_rules():
         HistoryStore(1, max_responses=0)
 
 
-def test_history_reaches_another_replica_through_the_store_in_bounded_steps():
+@pytest.mark.parametrize("build", ["inline", "thread"])
+def test_history_reaches_another_replica_through_the_store_built_off_the_live_automaton(build):
     store = HistoryStore(64 << 20)
     prompt = np.arange(200, 220, dtype=np.int32)
     earlier = np.arange(1000, 1600, dtype=np.int32) % 97 + 500  # round t-1's response
@@ -191,21 +192,43 @@ def test_history_reaches_another_replica_through_the_store_in_bounded_steps():
     r1.step("x", earlier)
     r1.finish("x", reward=1.0)
     assert store.stats()["responses"] == 1
-    r2 = SamDrafter(
-        k=4,
-        group_budget_bytes=64 << 20,
-        history=LocalHistory(store),
-        history_tokens_per_step=256,
-        history_ms_per_step=1e3,
-    )
+    r2 = SamDrafter(k=4, group_budget_bytes=64 << 20, history=LocalHistory(store), history_build=build)
     r2.start("y", prompt)
-    assert r2.step("y", earlier[:3]).tolist() == []  # history not inserted yet
-    assert [r2.tick(), r2.tick(), r2.tick(), r2.tick()] == [256, 256, 88, 0]  # <= 256 tokens per step
+    live = r2.groups[prompt_key(prompt)].gsam
+    assert r2.step("y", earlier[:3]).tolist() == []  # no history yet
+    attached = r2.tick()
+    r2.wait_history()
+    attached += r2.tick()
+    assert attached == earlier.shape[0] + 1  # the response and its separator, in the history automaton
+    assert live.num_tokens == prompt.shape[0] + 3  # nothing inserted into the live automaton
+    # the running stream matched its recent output when the history arrived: it drafts right away
     assert r2.step("y", earlier[3:5]).tolist() == earlier[5:9].tolist()
+    r2.start("z", prompt)  # a stream started after the history arrived drafts from it too
+    assert r2.step("z", earlier[:40]).tolist() == earlier[40:44].tolist()
+    assert r2.stats()["history_bytes"] > 0
     r2.drop("y")  # dropped (aborted): not sent to the store
     assert store.stats()["responses"] == 1
     with pytest.raises(ValueError, match="group_budget_bytes > 0"):
         SamDrafter(k=4, history=LocalHistory(store))
+    with pytest.raises(ValueError, match="history_build"):
+        SamDrafter(k=4, group_budget_bytes=1 << 20, history=LocalHistory(store), history_build="later")
+
+
+def test_the_longer_match_drafts_history_or_group_ties_to_the_group():
+    store = HistoryStore(64 << 20)
+    hist = np.array([100, 101, 102, 103, 104, 105, 106, 107], np.int32)
+    p1, p2 = np.arange(10, dtype=np.int32), np.arange(10, 20, dtype=np.int32)
+    store.add(prompt_key(p1), hist)
+    store.add(prompt_key(p2), hist)
+    d = SamDrafter(k=3, group_budget_bytes=64 << 20, history=LocalHistory(store), history_build="inline")
+    d.start("tie", p1)
+    d.start("longer", p2)
+    d.tick()  # both groups get their history automaton
+    # "101 102" occurs earlier in the stream (then 200) and in the history (then 103): a tie, the group drafts
+    assert d.step("tie", np.array([101, 102, 200, 101, 102], np.int32)).tolist() == [200, 101, 102]
+    # "100 101 102" occurs only in the history, "101 102" in the stream (then 300): the history drafts
+    assert d.step("longer", np.array([101, 102, 300, 100, 101, 102], np.int32)).tolist() == [103, 104, 105]
+    assert d.counters("longer")["match"] == 2  # the group match, which lost
 
 
 def test_a_group_cached_from_an_earlier_round_gets_what_another_replica_added_since():
@@ -231,9 +254,11 @@ def test_a_group_cached_from_an_earlier_round_gets_what_another_replica_added_si
     before = group.num_tokens
     a.start("a2", prompt)
     assert a.step("a2", theirs[:3]).tolist() == []  # B's text is not in A's cached group yet
-    inserted = sum(a.tick() for _ in range(4))
-    assert inserted == theirs.shape[0]  # only B's response: A's own is already in the group
-    assert group.num_tokens == before + prompt.shape[0] + 3 + theirs.shape[0]
+    attached = a.tick()
+    a.wait_history()
+    attached += a.tick()
+    assert attached == theirs.shape[0] + 1  # only B's response (and its separator): A's own is in the group
+    assert group.num_tokens == before + prompt.shape[0] + 3  # history stays out of the live automaton
     assert a.step("a2", theirs[3:5]).tolist() == theirs[5:9].tolist()
 
 
@@ -244,14 +269,16 @@ def test_history_lookups_and_answers_are_bounded_per_tick():
     prompts = [np.arange(i * 50, i * 50 + 20, dtype=np.int32) for i in range(3 * HISTORY_KEYS_PER_LOOKUP + 5)]
     for p in prompts:
         store.add(prompt_key(p), np.arange(300, 340, dtype=np.int32))
-    d = SamDrafter(k=4, group_budget_bytes=256 << 20, history=LocalHistory(store), history_ms_per_step=1e3)
+    d = SamDrafter(
+        k=4, group_budget_bytes=256 << 20, history=LocalHistory(store), history_ms_per_step=1e3, history_build="inline"
+    )
     for i, p in enumerate(prompts):
         d.start(f"r{i}", p)
     for t in range(4):
         d.tick()
         assert d.history_lookups == t + 1  # one lookup per tick, of at most HISTORY_KEYS_PER_LOOKUP prompts
         assert sum(not g.waiting for g in d.groups.values()) == min(len(prompts), (t + 1) * HISTORY_KEYS_PER_LOOKUP)
-    assert d.stats()["history_tokens_inserted"] == 40 * len(prompts)
+    assert d.stats()["history_tokens_built"] == 41 * len(prompts)  # 40 tokens and a separator each
 
 
 def test_idle_groups_are_evicted_within_the_budget_running_ones_never():
@@ -338,8 +365,9 @@ def test_history_through_the_ray_actor_reaches_another_replica():
         r2.start("y", prompt)
         r2.step("y", earlier[:3])
         deadline = time.monotonic() + 60
-        while r2.stats()["history_tokens_inserted"] < len(earlier) and time.monotonic() < deadline:
-            r2.tick()
+        while r2.stats()["history_tokens_built"] < len(earlier) + 1 and time.monotonic() < deadline:
+            r2.tick()  # polls the actor's answer, then the builder thread
+            time.sleep(0.001)
         assert r2.step("y", earlier[3:5]).tolist() == earlier[5:9].tolist()
         ray.kill(r1.history.actor)
     finally:

@@ -247,3 +247,29 @@ def test_drafter_uses_finished_siblings_and_releases_memory():
     d.drop("b")
     d.drop("c")
     assert d.request_bytes == 0 and not d.requests
+
+
+def test_a_frozen_automaton_matches_and_drafts_like_the_growing_one_and_refuses_to_grow():
+    from npu_rl.spec_decode import sam as S
+
+    rng = np.random.default_rng(7)
+    text = np.concatenate([rng.integers(0, 6, 3000), [-1], rng.integers(0, 6, 2000)]).astype(np.int32)
+    grown, frozen = S.SuffixAutomaton(64), S.SuffixAutomaton(64)
+    grown.append(text)
+    frozen.append(text)
+    frozen.freeze()
+    assert frozen.nbytes < grown.nbytes and len(frozen) == len(grown) == text.shape[0]
+    for _ in range(50):
+        query = rng.integers(0, 6, 40).astype(np.int32)
+        ctls = []
+        for sa in (grown, frozen):
+            ctl = S.new_ctl(4, 1, True)
+            S._advance(query, sa.arena, sa.meta, ctl)
+            s = ctl[S.C_GSTATE]
+            pos = sa.arena[sa.meta[S.O_RECENT] + s], sa.arena[sa.meta[S.O_FIRST] + s]
+            ctls.append((int(ctl[S.C_GLEN]), int(pos[0]), int(pos[1])))
+        assert ctls[0] == ctls[1]
+        n, p_recent, _ = ctls[0]
+        assert n == 0 or text[p_recent - n + 1 : p_recent + 1].tolist() == query[-n:].tolist()
+    with pytest.raises(RuntimeError, match="frozen"):
+        frozen.append([1])

@@ -10,7 +10,8 @@ drive it the same way)::
                                                             # call (int32 array), get up to k tokens;
                                                             # max_draft=0 feeds only, an empty array
                                                             # proposes only
-    d.tick()                                                # once per engine step: history inserts
+    d.tick()                                                # once per engine step: history lookups,
+                                                            # builds handed to a worker, attaches
     d.finish(req_id, reward=None)                           # done: its output goes to the history
     d.drop(req_id)                                          # aborted/preempted: not to the history
     d.k_of(req_id); d.counters(req_id); d.stats()           # adaptive k, drafted/accepted, memory
@@ -25,18 +26,24 @@ drive it the same way)::
   (:meth:`SamDrafter._resumed_key`), so it keeps drafting from its siblings and history. So does any
   new prompt that extends a cached prompt (a later turn of the same conversation).
 - Draft: the continuation of the longest suffix of the request's own text that occurs anywhere in
-  the group (own earlier text, live or finished siblings, history), most recent occurrence first;
-  ``max_draft`` caps it (0: catch up only, e.g. above the batch-size gate).
+  the group (own earlier text, live or finished siblings) or in the group's history automaton
+  (the longer match wins, ties go to the group), most recent occurrence first; ``max_draft`` caps
+  it (0: catch up only, e.g. above the batch-size gate).
 - Adaptive k (``adaptive_k=True``): :meth:`step` scores the previous draft against the tokens it is
   fed (a draft token is accepted iff the engine sampled it: vLLM's rejection sampler with a
   draft probability of 1), so no separate feedback call exists. A fully accepted draft of the
   current length grows k by one, a miss halves it; k stays in [1, k] (the engine's
   ``num_speculative_tokens``); the batch-size gate stays with the caller (``max_draft``).
-- History (``history`` given): when a key's group is created, the drafter asks the store for the
-  key's earlier responses (non-blocking), and :meth:`tick` inserts them as streams for about
-  ``history_ms_per_step`` (default 0.5 ms) per engine step (bounded work per step). :meth:`finish` sends
-  the output to the store (with ``reward`` when the caller has it). Store rules:
-  :mod:`npu_rl.spec_decode.history`.
+- History (``history`` given): when a key's group is created, and again when a request of a cached
+  group with no running request starts (another replica may have added responses since), the
+  drafter asks the store for the key's earlier responses (non-blocking). The responses its group
+  does not already hold are built into a read-only suffix automaton *off the engine step*, on a
+  worker thread (numba releases the GIL; ``history_build="inline"`` builds inside :meth:`tick`, for
+  replays and tests), and :meth:`tick` attaches it when ready: each running stream of the group
+  matches its last :data:`~npu_rl.spec_decode.gsam.HISTORY_RESYNC` output tokens once, then the
+  history match advances with the stream's tokens in the same fused call. No history token is
+  inserted on the engine's critical path. :meth:`finish` sends the output to the store (with
+  ``reward`` when the caller has it). Store rules: :mod:`npu_rl.spec_decode.history`.
 - Memory: groups without running requests are evicted least recently used first to stay within
   ``group_budget_bytes`` (groups with running requests are never evicted: their automaton is the
   requests' own state). ``group_budget_bytes=0`` gives every request a private automaton, freed
@@ -49,8 +56,10 @@ plus a corpus of finished responses, bulk-inserted at drop), kept as the benchma
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 from collections import Counter, OrderedDict, deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,7 +67,9 @@ import numpy as np
 from npu_rl.spec_decode.gsam import (
     DEFAULT_RESERVE,
     DONE,
+    HISTORY_RESYNC,
     MIG,
+    NO_HISTORY,
     S_ACCEPTED,
     S_DRAFTED,
     S_KCUR,
@@ -68,6 +79,7 @@ from npu_rl.spec_decode.gsam import (
     S_STEPS,
     GroupAutomaton,
     _step,
+    attach_history,
     new_stream,
 )
 from npu_rl.spec_decode.history import HistoryStore, LocalHistory, RayHistory, response_digest
@@ -84,8 +96,8 @@ __all__ = [
 ]
 
 
-HISTORY_SLICE = 64  # history tokens a group inserts per turn in SamDrafter.tick (clock read between turns)
 HISTORY_KEYS_PER_LOOKUP = 32  # new prompts per history lookup (one lookup per tick)
+_NO_TOKENS = np.empty(0, np.int32)
 
 
 def prompt_key(prompt_ids) -> bytes:
@@ -278,9 +290,42 @@ class _Group:
     gsam: GroupAutomaton
     live: int = 0
     waiting: bool = False  # history lookup in flight
-    pending: list = field(default_factory=list)  # [ctl, tokens, offset] history streams to insert
+    hist: SuffixAutomaton | None = None  # read-only history automaton (attached), its id (0: none)
+    hist_id: int = 0
+    building: bool = False  # a history automaton is being built for this group
+    evicted: bool = False
     prompt_len: int = 0  # tokens prompt_key hashed (0: a caller's key, never matched as a prefix)
-    seen: set = field(default_factory=set)  # digests of the responses in gsam (finished here, or history)
+    own: set = field(default_factory=set)  # digests of the outputs finished in gsam (not history again)
+    streams: dict = field(default_factory=dict)  # req_id -> ctl of its running requests
+
+    @property
+    def nbytes(self) -> int:
+        return self.gsam.nbytes + (self.hist.nbytes if self.hist is not None else 0)
+
+
+class _Done:
+    """An already finished build (``history_build="inline"``), with a future's done/result."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def done(self) -> bool:
+        return True
+
+    def result(self, timeout=None):
+        return self.value
+
+
+def build_history(responses: list[np.ndarray], occurrence: str = "recent") -> SuffixAutomaton:
+    """A suffix automaton over ``responses`` (int32 token ids), each followed by its own negative
+    separator, in the order given (the last is the latest occurrence). Runs on the builder thread:
+    the numba extension releases the GIL, so the engine's thread goes on meanwhile."""
+    sa = SuffixAutomaton(sum(int(r.shape[0]) + 1 for r in responses), occurrence)
+    for i, r in enumerate(responses):
+        sa.append(r)
+        sa.append(np.array([-1 - i], np.int32))
+    sa.freeze()  # read-only from here on: exact sizes, no edge lists
+    return sa
 
 
 @dataclass
@@ -298,10 +343,11 @@ class SamDrafter:
     automata, no group corpus). ``occurrence``: "recent" or "first". ``adaptive_k``: TCP-like draft
     length per request. ``history``: a :class:`~npu_rl.spec_decode.history.LocalHistory` or
     :class:`~npu_rl.spec_decode.history.RayHistory` (None: no history; needs a group budget).
-    ``history_tokens_per_step``: history tokens inserted per :meth:`tick` at most;
-    ``history_ms_per_step``: time per :meth:`tick` for history inserts (checked every
-    :data:`HISTORY_SLICE` tokens). ``reserve_tokens``: address space per group automaton
-    (:class:`~npu_rl.spec_decode.gsam.GroupAutomaton`; past it the arena grows by a copy).
+    ``history_ms_per_step``: time per :meth:`tick` for handling history answers (checked per
+    group). ``history_build``: "thread" (a worker thread builds history automata) or "inline" (in
+    :meth:`tick`; its CPU time is counted in :attr:`history_build_ns`). ``reserve_tokens``: address
+    space per group automaton (:class:`~npu_rl.spec_decode.gsam.GroupAutomaton`; past it the arena
+    grows by a copy).
     """
 
     def __init__(
@@ -313,8 +359,8 @@ class SamDrafter:
         *,
         adaptive_k: bool = False,
         history=None,
-        history_tokens_per_step: int = 1 << 16,
         history_ms_per_step: float = 0.5,
+        history_build: str = "thread",
         reserve_tokens: int = DEFAULT_RESERVE,
     ):
         if k < 1:
@@ -327,8 +373,8 @@ class SamDrafter:
             raise ValueError(f"group_budget_bytes={group_budget_bytes} must be >= 0 (0 turns the group corpus off)")
         if history is not None and group_budget_bytes == 0:
             raise ValueError("history needs the group corpus: give group_budget_bytes > 0 (sam_group_corpus_mb)")
-        if history_tokens_per_step < 1:
-            raise ValueError(f"history_tokens_per_step={history_tokens_per_step} must be >= 1")
+        if history_build not in ("thread", "inline"):
+            raise ValueError(f"history_build={history_build!r}: use 'thread' or 'inline'")
         if history_ms_per_step <= 0:
             raise ValueError(f"history_ms_per_step={history_ms_per_step} must be > 0")
         self.k = int(k)
@@ -337,7 +383,11 @@ class SamDrafter:
         self.adaptive_k = bool(adaptive_k)
         self.budget_bytes = int(group_budget_bytes)
         self.history = history
-        self.history_tokens_per_step = int(history_tokens_per_step)
+        self.history_build = history_build
+        self._pool = None  # the worker thread, started with the first build
+        self._builds: list[tuple[_Group, object]] = []  # (group, future) in flight
+        self._hist_ids = itertools.count(1)
+        self.history_build_ns = 0  # thread CPU time of inline builds
         self.history_s_per_step = history_ms_per_step / 1e3
         self.reserve_tokens = int(reserve_tokens)
         self.groups: OrderedDict[object, _Group] = OrderedDict()
@@ -346,9 +396,8 @@ class SamDrafter:
         self._to_fetch: list[tuple[object, _Group]] = []  # new groups: history looked up at the next tick
         self._awaiting: list[tuple[object, list[_Group]]] = []  # (lookup handle, its groups) in flight
         self._answers: deque[tuple[_Group, list]] = deque()  # history answers not yet looked at
-        self._inserting: deque[_Group] = deque()  # groups with history left to insert, in turn
         self.evictions = 0
-        self.history_tokens_inserted = 0
+        self.history_tokens_built = 0
         self.history_lookups = 0
         self.resumed = 0  # requests joined to their group by a prompt prefix (see _resumed_key)
         self._prompt_lens: Counter[int] = Counter()  # prompt lengths of the prompt-keyed groups
@@ -380,7 +429,7 @@ class SamDrafter:
             if self.history is not None:
                 group.waiting = True
                 self._to_fetch.append((key, group))
-        elif self.history is not None and group.live == 0 and not group.waiting and not group.pending:
+        elif self.history is not None and group.live == 0 and not group.waiting and not group.building:
             # a group cached from an earlier round: the store may hold responses another replica made
             # since (verl routes a prompt to any replica); look again, insert only the unseen ones
             group.waiting = True
@@ -389,7 +438,10 @@ class SamDrafter:
         group.live += 1
         st = new_stream(self.k, self.min_match, self.adaptive_k, num_prompt, self.occurrence)
         self.requests[req_id] = _Req(st, group, key)
+        group.streams[req_id] = st
         group.gsam.append(st, ids)
+        if group.hist is not None:
+            attach_history(st, _NO_TOKENS, group.hist.arena, group.hist.meta, group.hist_id)
         self._evict()
 
     def _resumed_key(self, ids: np.ndarray, num_prompt: int) -> tuple[bytes, int] | None:
@@ -426,7 +478,7 @@ class SamDrafter:
             out = req.group.gsam.output(req.st)
             if out.shape[0]:
                 self.history.add(req.key, out, reward)
-                req.group.seen.add(response_digest(out))
+                req.group.own.add(response_digest(out))
         self.drop(req_id)
 
     def drop(self, req_id: str, contribute: bool = True) -> None:
@@ -436,6 +488,7 @@ class SamDrafter:
         if req is None:
             return
         req.group.live -= 1
+        req.group.streams.pop(req_id, None)
         if self.budget_bytes == 0:
             self.groups.pop(req.key, None)
         else:
@@ -462,26 +515,29 @@ class SamDrafter:
         req = self.requests[req_id]
         kcap = self.k if max_draft is None else max_draft
         g = req.group.gsam
-        n = _step(new_tokens, g.arena, g.meta, g.h, g.ho, req.st, self._out, kcap)  # the common case, inlined
+        hist = req.group.hist
+        ha, hm = (NO_HISTORY.arena, NO_HISTORY.meta) if hist is None else (hist.arena, hist.meta)
+        n = _step(new_tokens, g.arena, g.meta, g.h, g.ho, req.st, self._out, kcap, ha, hm)  # common case
         if n < 0:  # the arena or the hash table must grow first: the rest goes through the slow path
-            n = g.step(req.st, new_tokens[int(g.meta[DONE]) :], self._out, kcap)
+            n = g.step(req.st, new_tokens[int(g.meta[DONE]) :], self._out, kcap, hist)
         elif g.ho.shape[0] > 1 and g.meta[MIG] < 0:
             g.release_old_hash()
         return self._out[:n]
 
     def tick(self) -> int:
-        """Once per engine step: send finished outputs to the store, collect history answers, and
-        insert history for about ``history_ms_per_step``, at most ``history_tokens_per_step`` tokens.
+        """Once per engine step: send finished outputs to the store, start one history lookup (at most
+        :data:`HISTORY_KEYS_PER_LOOKUP` new prompts), hand the answers that arrived to the builder
+        (for about ``history_ms_per_step``), and attach the history automata that are ready.
 
-        Groups take turns, :data:`HISTORY_SLICE` tokens each (the clock is read between slices), each
-        group's history best response first from its opening tokens: every prompt's history grows
-        from the start, ahead of its requests, which are at their start too. Returns the tokens inserted.
+        Returns the history tokens attached. Nothing here inserts history tokens into a group
+        automaton: the builds run on the worker thread ("thread") or, with "inline", here, timed
+        apart in :attr:`history_build_ns`.
         """
         if self.history is None:
             return 0
         self.history.flush()
         t_end = time.perf_counter() + self.history_s_per_step
-        if self._to_fetch:  # one lookup per tick, for at most HISTORY_KEYS_PER_LOOKUP new prompts
+        if self._to_fetch:
             batch = self._to_fetch[:HISTORY_KEYS_PER_LOOKUP]
             self._to_fetch = self._to_fetch[HISTORY_KEYS_PER_LOOKUP:]
             keys, groups = zip(*batch, strict=True)
@@ -496,41 +552,51 @@ class SamDrafter:
                 else:
                     self._answers.extend(zip(groups, answers, strict=True))
             self._awaiting = still
-        # answers share the clock with the inserts (a lookup of many prompts is not handled at once);
-        # a response the group already holds (its own finished output, or inserted in an earlier
-        # round) is skipped by the digest the store computed
+        # a response the group already holds (its own finished output) is left out by the digest the
+        # store computed; the store lists the best last, the build inserts it last (latest occurrence)
         while self._answers and time.perf_counter() < t_end:
             group, got = self._answers.popleft()
-            if not group.waiting:  # evicted meanwhile
+            if group.evicted:
                 continue
             group.waiting = False
-            fresh = []
-            for dg, t in got[::-1]:  # the store lists the best last; insert it first (see the docstring)
-                if len(t) and dg not in group.seen:
-                    group.seen.add(dg)
-                    fresh.append(t)
-            group.pending = [[new_stream(0, occurrence=self.occurrence, recent_walk=0), t, 0] for t in fresh]
-            if group.pending:
-                self._inserting.append(group)
-        budget = self.history_tokens_per_step
-        queue = self._inserting
-        while queue and budget > 0 and time.perf_counter() < t_end:
-            group = queue.popleft()
-            if not group.pending:  # evicted meanwhile
+            fresh = [t for dg, t in got if len(t) and dg not in group.own]
+            if not fresh:
                 continue
-            item = group.pending[0]
-            st, tokens, off = item
-            n = min(budget, tokens.shape[0] - off, HISTORY_SLICE)
-            group.gsam.append(st, tokens[off : off + n])
-            item[2] = off + n
-            budget -= n
-            if item[2] >= tokens.shape[0]:
-                group.pending.pop(0)
-            if group.pending:
-                queue.append(group)
-        done = self.history_tokens_per_step - budget
-        self.history_tokens_inserted += done
-        return done
+            group.building = True
+            if self.history_build == "inline":
+                t0 = time.thread_time_ns()
+                built = build_history(fresh, self.occurrence)
+                self.history_build_ns += time.thread_time_ns() - t0
+                self._builds.append((group, _Done(built)))
+            else:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="npu_rl_sam_history")
+                self._builds.append((group, self._pool.submit(build_history, fresh, self.occurrence)))
+        attached = 0
+        if self._builds:
+            still = []
+            for group, fut in self._builds:
+                if not fut.done():
+                    still.append((group, fut))
+                    continue
+                group.building = False
+                if group.evicted:
+                    continue
+                hist = fut.result()
+                group.hist, group.hist_id = hist, next(self._hist_ids)
+                for st in group.streams.values():  # its running streams match their recent output
+                    recent = group.gsam.output(st)[-HISTORY_RESYNC:]
+                    attach_history(st, recent, hist.arena, hist.meta, group.hist_id)
+                attached += len(hist)
+            self._builds = still
+            self._evict()
+        self.history_tokens_built += attached
+        return attached
+
+    def wait_history(self, timeout: float = 60.0) -> None:
+        """Block until the builds in flight are done (tests and replays; an engine never calls it)."""
+        for _, fut in self._builds:
+            fut.result(timeout=timeout)
 
     def k_of(self, req_id: str) -> int:
         """The request's current draft length (adaptive, or k)."""
@@ -556,12 +622,12 @@ class SamDrafter:
             return
         for key in [k for k, g in self.groups.items() if g.live == 0]:
             group = self.groups.pop(key)
-            group.waiting, group.pending = False, []  # no history work for an evicted group
+            group.waiting, group.evicted = False, True  # no history work for an evicted group
             if group.prompt_len:
                 self._prompt_lens[group.prompt_len] -= 1
                 if not self._prompt_lens[group.prompt_len]:
                     del self._prompt_lens[group.prompt_len]
-            total -= group.gsam.nbytes
+            total -= group.nbytes
             self.evictions += 1
             if total <= self.budget_bytes:
                 break
@@ -569,16 +635,16 @@ class SamDrafter:
     @property
     def request_bytes(self) -> int:
         """Bytes of the groups that have running requests."""
-        return sum(g.gsam.nbytes for g in self.groups.values() if g.live)
+        return sum(g.nbytes for g in self.groups.values() if g.live)
 
     @property
     def nbytes(self) -> int:
-        """Bytes allocated by the drafter (every group automaton)."""
-        return sum(g.gsam.nbytes for g in self.groups.values())
+        """Bytes allocated by the drafter (every group automaton and history automaton)."""
+        return sum(g.nbytes for g in self.groups.values())
 
     def stats(self) -> dict:
         """Groups, running requests, tokens, bytes (allocated and per token), evictions, history work."""
-        tokens = sum(g.gsam.num_tokens for g in self.groups.values())
+        tokens = sum(g.gsam.num_tokens + (len(g.hist) if g.hist is not None else 0) for g in self.groups.values())
         nbytes = self.nbytes
         return {
             "groups": len(self.groups),
@@ -586,12 +652,16 @@ class SamDrafter:
             "tokens": tokens,
             "nbytes": nbytes,
             "bytes_per_token": nbytes / tokens if tokens else 0.0,
-            "used_bytes_per_token": sum(g.gsam.used_bytes for g in self.groups.values()) / tokens if tokens else 0.0,
+            "used_bytes_per_token": (
+                sum(g.gsam.used_bytes + (g.hist.nbytes if g.hist is not None else 0) for g in self.groups.values())
+                / tokens
+                if tokens
+                else 0.0
+            ),
+            "history_bytes": sum(g.hist.nbytes for g in self.groups.values() if g.hist is not None),
             "evictions": self.evictions,
             "history_lookups": self.history_lookups,
-            "history_tokens_inserted": self.history_tokens_inserted,
-            "history_pending_tokens": sum(
-                int(t.shape[0]) - off for g in self.groups.values() for _, t, off in g.pending
-            ),
+            "history_tokens_built": self.history_tokens_built,
+            "history_builds_in_flight": len(self._builds),
             "history": getattr(self.history, "where", None),
         }

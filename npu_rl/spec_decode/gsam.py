@@ -29,8 +29,14 @@ on Sky-T1 long-CoT groups; the issue-6 layout measured 92-93 B in use and 121-12
 same runs. RECENT is the latest occurrence; when its continuation is still unwritten (a live
 sibling's last token), the draft falls back to FIRST.
 
+History (earlier rounds' responses of the prompt) is not inserted here: it comes as a read-only,
+frozen :class:`~npu_rl.spec_decode.sam.SuffixAutomaton` built off the engine step
+(:class:`~npu_rl.spec_decode.corpus.SamDrafter`), and each stream keeps a second running match
+against it (:func:`attach_history`, advanced in the same fused :func:`_step`); the longer of the
+group match and the history match drafts, ties to the group.
+
 Per stream, an int64 ``ctl`` array (:func:`new_stream`) holds its ``last`` state, its last written
-position, its current match and the adaptive draft length (TCP-like: +1 after a fully accepted
+position, its current match, its history match and the adaptive draft length (TCP-like: +1 after a fully accepted
 draft of the current length, halved after a miss, within [1, k_max]), with the last draft kept to
 score the next step's tokens against.
 """
@@ -42,9 +48,24 @@ import mmap
 import numpy as np
 from numba import njit
 
-__all__ = ["CHUNK", "GroupAutomaton", "new_stream"]
+from npu_rl.spec_decode import sam as _flat
+from npu_rl.spec_decode.sam import _continuation as _hcontinuation
+from npu_rl.spec_decode.sam import _find as _hfind
+
+__all__ = ["CHUNK", "GroupAutomaton", "HISTORY_RESYNC", "attach_history", "new_stream"]
 
 CHUNK = 64  # tokens per text chunk (a stream wastes < CHUNK slots at its end)
+HISTORY_RESYNC = 256  # output tokens a running stream is matched over when a history automaton arrives
+# the history automaton is a read-only npu_rl.spec_decode.sam.SuffixAutomaton: its row offsets
+_H_NTEXT, _H_LEN, _H_LINK, _H_FIRST, _H_RECENT, _H_DST, _H_WALK = (
+    _flat.N_TEXT,
+    _flat.O_LEN,
+    _flat.O_LINK,
+    _flat.O_FIRST,
+    _flat.O_RECENT,
+    _flat.O_DST,
+    _flat.WALK,
+)
 RECENT_WALK = 8
 _MIN_CAP = 256
 
@@ -82,8 +103,11 @@ _EDGE_ROWS = (O_SRC, O_TOK, O_DST, O_NEXT)
     S_STEPS,  # steps that drafted
     S_OCC,  # 1: continue the first occurrence (else the most recent; the other is the fallback)
     S_WALK,  # suffix links above each new state whose RECENT this stream refreshes
-) = range(18)
-_CTL = 18  # the last draft follows (S_KMAX slots)
+    S_HID,  # id of the history automaton the history match refers to (0: none attached)
+    S_HSTATE,  # history match: state of the history automaton and length (see _hadvance)
+    S_HLEN,
+) = range(21)
+_CTL = 21  # the last draft follows (S_KMAX slots)
 
 
 @njit(cache=True, inline="always")
@@ -364,27 +388,92 @@ def _score(new, st):
 
 
 @njit(cache=True)
-def _step(new, a, m, h, ho, st, out, kcap):
+def _hadvance(new, ha, hm, st):
+    """Feed ``new`` to the stream's running match against the read-only history automaton (ha, hm).
+
+    The same walk as :func:`npu_rl.spec_decode.sam._advance`: extend on an edge, else fall back along
+    suffix links keeping the length while the link's strings are longer (the automaton never grows
+    while attached, so the match stays exact).
+    """
+    s = st[S_HSTATE]
+    ln = st[S_HLEN]
+    for j in range(new.shape[0]):
+        c = new[j]
+        while True:
+            e = _hfind(ha, hm, s, c)
+            if e >= 0:
+                s = ha[hm[_H_DST] + e]
+                ln += 1
+                break
+            if s == 0:
+                ln = 0
+                break
+            s = ha[hm[_H_LINK] + s]
+            ln = min(ln, ha[hm[_H_LEN] + s])
+    st[S_HSTATE] = s
+    st[S_HLEN] = ln
+
+
+@njit(cache=True)
+def attach_history(st, recent, ha, hm, hid):
+    """Point stream ``st`` at history automaton ``hid`` (ha, hm): its match is redone over ``recent``
+    (the stream's last output tokens, at most :data:`HISTORY_RESYNC`)."""
+    st[S_HID] = hid
+    st[S_HSTATE] = 0
+    st[S_HLEN] = 0
+    if hid > 0:
+        _hadvance(recent, ha, hm, st)
+
+
+@njit(cache=True)
+def _keep_draft(st, out, n):
+    st[S_NDRAFT] = n
+    st[S_DRAFTED] += n
+    st[S_STEPS] += 1
+    for j in range(n):
+        st[_CTL + j] = out[j]
+
+
+@njit(cache=True)
+def _step(new, a, m, h, ho, st, out, kcap, ha, hm):
     """Score the last draft, append ``new`` to stream ``st``, write a draft of at most
-    ``min(S_KCUR, kcap)`` tokens; -1 when the arena must grow first (``m[DONE]`` appended)."""
+    ``min(S_KCUR, kcap)`` tokens; -1 when the arena must grow first (``m[DONE]`` appended).
+
+    With a history automaton attached (``st[S_HID] > 0``; (ha, hm) is it), the appended tokens also
+    advance the history match, and a history match longer than the group match drafts from the
+    history text (a group match at least as long drafts from the group: own text, live and finished
+    siblings). The history match covers exactly the tokens appended, also when this returns -1.
+    """
     if st[S_NDRAFT] > 0 and new.shape[0] > 0:  # an empty feed (a re-propose) scores nothing
         _score(new, st)
     _extend(new, a, m, h, ho, st)
+    if st[S_HID] > 0:
+        _hadvance(new[: m[DONE]], ha, hm, st)
     if m[DONE] < new.shape[0]:
         return -1
     k = min(st[S_KCUR], kcap, out.shape[0])
-    if k <= 0 or st[S_MLEN] < max(st[S_MIN], 1):
+    if k <= 0:
+        return 0
+    lo = max(st[S_MIN], 1)
+    if st[S_HID] > 0 and st[S_HLEN] > st[S_MLEN] and st[S_HLEN] >= lo:
+        hs = st[S_HSTATE]
+        rec = ha[hm[_H_RECENT] + hs] if hm[_H_WALK] > 0 else ha[hm[_H_FIRST] + hs]
+        fst = ha[hm[_H_FIRST] + hs]
+        first, second = (fst, rec) if st[S_OCC] else (rec, fst)
+        n = _hcontinuation(ha, hm[_H_NTEXT], first, 0, k, out)
+        if n == 0 and second != first:
+            n = _hcontinuation(ha, hm[_H_NTEXT], second, 0, k, out)
+        if n > 0:
+            _keep_draft(st, out, n)
+            return n
+    if st[S_MLEN] < lo:
         return 0
     first, second = (st[S_MFIRST], st[S_MPOS]) if st[S_OCC] else (st[S_MPOS], st[S_MFIRST])
     n = _continuation(a, m, first, st[S_POS], k, out)
     if n == 0 and second != first:  # e.g. the recent occurrence is a live sibling's last token
         n = _continuation(a, m, second, st[S_POS], k, out)
     if n > 0:
-        st[S_NDRAFT] = n
-        st[S_DRAFTED] += n
-        st[S_STEPS] += 1
-        for j in range(n):
-            st[_CTL + j] = out[j]
+        _keep_draft(st, out, n)
     return n
 
 
@@ -523,11 +612,14 @@ class GroupAutomaton:
         self.arena = a
         self.grows += 1
 
-    def step(self, st: np.ndarray, new: np.ndarray, out: np.ndarray, kcap: int) -> int:
+    def step(self, st: np.ndarray, new: np.ndarray, out: np.ndarray, kcap: int, hist=None) -> int:
         """Append ``new`` (contiguous int32, ids >= 0) to stream ``st``; write a draft of at most
-        ``min(adaptive k, kcap, len(out))`` tokens into ``out``; return its length."""
+        ``min(adaptive k, kcap, len(out))`` tokens into ``out``; return its length. ``hist``: the
+        read-only history automaton (:class:`~npu_rl.spec_decode.sam.SuffixAutomaton`) the stream is
+        attached to (:func:`attach_history`), or None."""
+        ha, hm = (NO_HISTORY.arena, NO_HISTORY.meta) if hist is None else (hist.arena, hist.meta)
         while True:
-            r = _step(new, self.arena, self.meta, self.h, self.ho, st, out, kcap)
+            r = _step(new, self.arena, self.meta, self.h, self.ho, st, out, kcap, ha, hm)
             if r >= 0:
                 if self.meta[MIG] < 0 and self.ho.shape[0] > 1:
                     self.release_old_hash()
@@ -539,10 +631,10 @@ class GroupAutomaton:
         """Free the old hash table once its migration has ended."""
         self.ho = _EMPTY_HASH
 
-    def append(self, st: np.ndarray, tokens) -> None:
-        """Append tokens to stream ``st`` without drafting."""
+    def append(self, st: np.ndarray, tokens, hist=None) -> None:
+        """Append tokens to stream ``st`` without drafting (``hist`` as in :meth:`step`)."""
         new = np.ascontiguousarray(tokens, dtype=np.int32)
-        self.step(st, new, _NO_OUT, 0)
+        self.step(st, new, _NO_OUT, 0, hist)
 
     def output(self, st: np.ndarray) -> np.ndarray:
         """The stream's tokens after its prompt (a copy)."""
@@ -594,3 +686,4 @@ class GroupAutomaton:
 
 _NO_OUT = np.empty(0, np.int32)
 _EMPTY_HASH = np.zeros(1, np.int32)
+NO_HISTORY = _flat.SuffixAutomaton(64)  # passed to _step while no history automaton is attached

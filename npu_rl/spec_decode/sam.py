@@ -105,7 +105,7 @@ def _add_edge(a, m, state, tok, dst):
     a[oh + i] = e
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # a history automaton is built on a worker thread (SamDrafter)
 def _extend(new, a, m):
     """Append ``new``; stop early when the arena would overflow. m[DONE] = tokens appended."""
     walk = m[WALK]
@@ -396,6 +396,8 @@ class SuffixAutomaton:
 
     def append(self, tokens) -> None:
         """Append token ids (any int sequence or array). Amortised O(1) per token."""
+        if getattr(self, "frozen", False):
+            raise RuntimeError("this SuffixAutomaton was frozen (read-only, no edge lists): it cannot grow")
         new = np.ascontiguousarray(tokens, dtype=np.int32)
         while new.shape[0]:
             _extend(new, self.arena, self.meta)
@@ -422,7 +424,37 @@ class SuffixAutomaton:
 
     def free(self) -> None:
         """Release the arena (the object is empty afterwards and can be reused)."""
+        self.frozen = False
         self._alloc(_MIN_CAP)
+
+    def freeze(self) -> None:
+        """Make the automaton read-only and exactly sized: text, the four state rows, the edges'
+        source, token and target, and a hash table at load <= 1/2 (the per-state edge lists, which
+        only a clone needs, are dropped; their offsets alias rows that exist and are never read).
+        Matching (``_advance``, ``_find``) and drafting work as before; :meth:`append` raises."""
+        m, a = self.meta, self.arena
+        nt, ns, ne = int(m[N_TEXT]), int(m[N_STATES]), int(m[N_EDGES])
+        ch = _pow2(max(2 * ne, 2))
+        fm = m.copy()
+        fm[CT], fm[CS], fm[CE], fm[CH] = nt, ns, ne, ch
+        off = nt
+        for row in (O_LEN, O_LINK, O_FIRST, O_RECENT):
+            fm[row] = off
+            off += ns
+        fm[O_HEAD] = fm[O_LEN]
+        for row in (O_SRC, O_TOK, O_DST):
+            fm[row] = off
+            off += ne
+        fm[O_NEXT] = fm[O_SRC]
+        fm[O_HASH] = off
+        fa = np.empty(off + ch, np.int32)
+        fa[:nt] = a[:nt]
+        for row in (O_LEN, O_LINK, O_FIRST, O_RECENT):
+            fa[fm[row] : fm[row] + ns] = a[m[row] : m[row] + ns]
+        for row in (O_SRC, O_TOK, O_DST):
+            fa[fm[row] : fm[row] + ne] = a[m[row] : m[row] + ne]
+        _rehash(fa, fm)
+        self.arena, self.meta, self.frozen = fa, fm, True
 
     # ---- queries -------------------------------------------------------------------------------
     def __len__(self) -> int:

@@ -7,7 +7,8 @@ gated steps; a request whose tokens disagree with what the drafter saw, e.g. one
 resumed under the same id with other tokens, is rebuilt), and finished when it leaves the batch (its
 text stays in its prompt's group automaton, and its output goes to the history store when history
 is on). Live siblings draft from each other's text as it is sampled (one group automaton per prompt,
-:mod:`npu_rl.spec_decode.corpus`); :meth:`SamDrafter.tick` inserts history, a bounded amount per step.
+:mod:`npu_rl.spec_decode.corpus`); :meth:`SamDrafter.tick` looks history up and attaches the
+read-only history automata a worker thread builds, off the engine step.
 Requests in a partial prefill, at ``max_model_len``,
 or above the batch-size gate get empty drafts; the gate still catches up. Drafts are verified by
 vLLM's rejection sampler like n-gram drafts (draft probability 1), so sampling and log-probs are
