@@ -43,6 +43,7 @@ EXPECTED = {
     "qwen3-235b-a22b/grpo_128die_fully_async.sh": ("FULL_DECODE_ONLY", UP_TO_256),  # 256 groups x 16 / 16 DP
     "qwen3-235b-a22b/grpo_128die_random_init.sh": ("FULL_DECODE_ONLY", UP_TO_256),
     "qwen3-30b-a3b/grpo_16die.sh": ("FULL_DECODE_ONLY", UP_TO_256),  # 128 x 8 / 4 DP ranks
+    "qwen3-30b-a3b/grpo_16die_sam.sh": ("FULL", [*UP_TO_256, 320, 384, 512]),  # SAM k=4: 256 x 5, capped at 512
     "qwen3-8b/grpo_gsm8k.sh": ("FULL_DECODE_ONLY", [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128]),  # 128 x 8 / 8
     "qwen3-0.6b/grpo_gsm8k_smoke.sh": ("FULL_DECODE_ONLY", [1, 2, 4, 8, 16]),  # 64 x 4 / 16
     "qwen3-0.6b/grpo_gsm8k_smoke_onpolicy.sh": ("FULL_DECODE_ONLY", [1, 2, 4, 8, 16]),

@@ -130,7 +130,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         report.warn(key, msg, fix)
     if any(f.config and f.config[0] == f"{checks.A}.recompute_old_log_prob" for f in feats.on):
         checks.check_skip_old_log_prob(cfg, report)
-    check_spec_decode(cfg, env, report)
+    sam_plan = check_spec_decode(cfg, env, report)  # "SAM k=..., drafts while ..., history ..." when on
     check_rollout_rebalance(cfg, env, report)
     with memo.stage("libraries", report) as run:
         if run:
@@ -172,6 +172,8 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         ]
     if checks.sel(cfg, "trainer.device", "npu") != "cpu" and env.get("VERL_PLATFORM") != "cpu":
         plan.append(("rollout graphs", fastpath.plan_value(fast)))
+    if sam_plan:
+        plan.append(("spec decode", sam_plan))
     if model is None:
         return plan
     lengths = checks.check_lengths(cfg, model, report)

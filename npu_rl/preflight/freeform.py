@@ -12,7 +12,10 @@ import importlib.util
 from functools import cache
 from pathlib import Path
 
-SAM_KEYS = ("sam_batch_size_threshold", "sam_group_corpus_mb", "sam_min_match")  # npu_rl.spec_decode.config.KEYS
+# the SAM keys whose values this module checks itself (npu_rl.spec_decode.config rules: "always"/"never"
+# thresholds, MiB); sam_adaptive_k and sam_history_mb are left to the patched vLLM's field types (its
+# pydantic check of a bool and an int), and npu_rl.preflight.spec_decode checks them all together
+SAM_KEYS = ("sam_batch_size_threshold", "sam_group_corpus_mb", "sam_min_match")
 
 
 def _package_dir(name: str) -> Path | None:
