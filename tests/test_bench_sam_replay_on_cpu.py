@@ -197,3 +197,22 @@ def test_replay_rejects_bad_sizes():
     with pytest.raises(ValueError, match="engines=0"):
         replay_rounds(lambda e: None, [[]], k=3, engines=0, gate=32)
     assert EMPTY.shape == (0,)
+
+
+def test_selection_ceiling_rules_on_a_repeated_answer():
+    # checkpoint 0 answers ANS; checkpoint 1 answers ANS again, so from its second token on the history
+    # continuation is right: the two-checkpoint replay needs fewer passes per token than checkpoint 0
+    # alone, and no rule beats the oracle over all four candidates
+    import sam_selection_ceiling as C
+
+    c0 = Request("c0", 0, PROMPT, ANS, False, 1.0)
+    c1 = Request("c1", 0, PROMPT, ANS, False, 1.0)
+    alone = C.replay([[c0]], 4, "longest")
+    got = {rule: C.replay([[c0], [c1]], 4, rule) for rule in C.RULES}
+    # checkpoint 1 under the oracle: 1 pass for the first token (nothing in the history matches the
+    # prompt's end), then the history's continuation is right, 5 tokens per pass: 1 + 4 passes
+    passes_c0 = 21 / C.replay([[c0]], 4, "oracle all four")
+    assert got["oracle all four"] == pytest.approx(42 / (passes_c0 + 5))
+    assert got["longest"] > alone
+    assert got["oracle all four"] >= got["oracle own/history"] >= got["longest"]
+    assert got["oracle all four"] >= max(got.values()) - 1e-12

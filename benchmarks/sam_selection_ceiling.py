@@ -1,0 +1,198 @@
+"""How much of SAM's acceptance is lost to choosing *which* earlier occurrence to continue (issue 20).
+
+Sky-T1 successive checkpoints, one request at a time (no siblings in this data set, so the order does
+not matter), with the history of every earlier checkpoint's uncapped response to the same prompt.
+At each target forward pass the drafter has up to four candidate continuations:
+
+- ``own recent`` / ``own first``: the longest suffix of the request's text that occurred earlier in
+  it, continued from its most recent / first earlier occurrence (what SAM drafts from its own text);
+- ``history recent`` / ``history first``: the longest suffix that occurs in the history, continued
+  from its latest / first occurrence there.
+
+Rules compared (tokens per forward = 1 + accepted draft tokens, greedy match against the recorded
+response, as in ``sam_replay.py``):
+
+- ``longest``: the longer match drafts (own on ties), as ``SamDrafter`` does;
+- ``history frequent``: as ``longest``, but a history draft follows, token by token, the most
+  frequent continuation among the history's occurrences (occurrence counts of the frozen automaton);
+- ``follow the leader``: the candidate that would have accepted most in the previous pass;
+- ``learned by match lengths``: own or history, by which one would have accepted more so far (summed
+  over every earlier pass of the run) in the same cell of (own match, history match) lengths, cells
+  by powers of two; what a pass would have accepted is judged on the tokens the pass emitted, all an
+  engine knows;
+- ``oracle own/history`` and ``oracle all four``: the best candidate, known only afterwards (a
+  ceiling for any rule that picks one of these chains, not a drafter).
+
+    python benchmarks/sam_selection_ceiling.py [--k 3 5 8] [--data-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from numba import njit
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import bench_sam as B  # noqa: E402
+
+from npu_rl.spec_decode import sam as S  # noqa: E402
+
+RULES = (
+    "longest",
+    "history frequent",
+    "follow the leader",
+    "learned by match lengths",
+    "oracle own/history",
+    "oracle all four",
+)
+
+
+@njit(cache=True)
+def _accepted(a, pos, n_text, period, truth, p, k):
+    """Tokens of the continuation after end position ``pos`` of ``a[:n_text]`` that equal truth[p:p+k]
+    (reading past the end repeats the last ``period`` tokens, as SAM's own-text draft does)."""
+    out = np.empty(max(k, 1), np.int32)
+    n = 0
+    while n < k and p + n < truth.shape[0]:
+        src = pos + 1 + n
+        if src < n_text:
+            t = a[src]
+        elif period > 0 and n >= period:
+            t = out[n - period]
+        else:
+            break
+        if t < 0 or t != truth[p + n]:
+            break
+        out[n] = t
+        n += 1
+    return n
+
+
+@njit(cache=True)
+def _most_frequent_next(a, m):
+    """Per state: the outgoing token (and its target) whose target has the most end positions."""
+    ns, ne = m[S.N_STATES], m[S.N_EDGES]
+    ln, lk, fi = a[m[S.O_LEN] : m[S.O_LEN] + ns], a[m[S.O_LINK] : m[S.O_LINK] + ns], a[m[S.O_FIRST] : m[S.O_FIRST] + ns]
+    cnt = np.zeros(ns, np.int64)
+    for s in range(1, ns):
+        if ln[s] == fi[s] + 1:  # created by an extension (not a clone): one end position of its own
+            cnt[s] = 1
+    for s in np.argsort(-ln):
+        if s > 0 and lk[s] > 0:
+            cnt[lk[s]] += cnt[s]
+    btok, bdst, best = np.full(ns, -1, np.int32), np.full(ns, -1, np.int32), np.zeros(ns, np.int64)
+    src, tok, dst = a[m[S.O_SRC] : m[S.O_SRC] + ne], a[m[S.O_TOK] : m[S.O_TOK] + ne], a[m[S.O_DST] : m[S.O_DST] + ne]
+    for e in range(ne):
+        if tok[e] >= 0 and cnt[dst[e]] > best[src[e]]:
+            best[src[e]], btok[src[e]], bdst[src[e]] = cnt[dst[e]], tok[e], dst[e]
+    return btok, bdst
+
+
+@njit(cache=True)
+def _frequent_accepted(btok, bdst, s, truth, p, k):
+    n = 0
+    while n < k and p + n < truth.shape[0] and btok[s] >= 0 and btok[s] == truth[p + n]:
+        s = bdst[s]
+        n += 1
+    return n
+
+
+def _cell(n: int) -> int:
+    return min(int(n).bit_length(), 7)
+
+
+def replay(rounds, k: int, rule: str) -> float:
+    """Tokens per forward pass of ``rule`` over every request (checkpoint 0 has no history, as in bench_sam)."""
+    history: dict[int, list[np.ndarray]] = {}
+    tokens = forwards = 0
+    cells = np.zeros((8, 8, 2))  # (own cell, history cell) -> what own / history would have accepted
+    for reqs in rounds:
+        for r in reqs:
+            hsa = S.SuffixAutomaton(1 << 12)
+            for i, h in enumerate(history.get(r.group_key, [])):
+                hsa.append(h)
+                hsa.append([-1 - i])
+            btok, bdst = _most_frequent_next(hsa.arena, hsa.meta)
+            own = S.SuffixAutomaton(1 << 12)
+            own.append(r.prompt)
+            ctl = S.new_ctl(k, 1, True)
+            S._advance(np.ascontiguousarray(r.prompt, np.int32), hsa.arena, hsa.meta, ctl)
+            truth = np.ascontiguousarray(r.truth, np.int32)
+            p, n = 0, truth.shape[0]
+            last = np.zeros(4)
+            while p < n:
+                a, m = own.arena, own.meta
+                nt = int(m[S.N_TEXT])
+                t = a[m[S.O_LINK] + m[S.LAST]]
+                own_len = int(a[m[S.O_LEN] + t]) if t > 0 else 0
+                hl, hs = int(ctl[S.C_GLEN]), int(ctl[S.C_GSTATE])
+                ha, hm = hsa.arena, hsa.meta
+                kk = min(k, n - p - 1)
+                c = np.zeros(4, np.int64)  # own recent, own first, history recent, history first
+                if own_len and kk > 0:
+                    q, f = int(m[S.QPOS]), int(a[m[S.O_FIRST] + t])
+                    c[0] = _accepted(a, q, nt, nt - 1 - q, truth, p, kk)
+                    c[1] = _accepted(a, f, nt, nt - 1 - f, truth, p, kk)
+                if hl and kk > 0:
+                    c[2] = _accepted(ha, int(ha[hm[S.O_RECENT] + hs]), int(hm[S.N_TEXT]), 0, truth, p, kk)
+                    c[3] = _accepted(ha, int(ha[hm[S.O_FIRST] + hs]), int(hm[S.N_TEXT]), 0, truth, p, kk)
+                base = 0 if own_len >= hl else 2
+                if rule == "longest":
+                    acc = c[base]
+                elif rule == "history frequent":
+                    acc = c[0] if own_len >= hl else (_frequent_accepted(btok, bdst, hs, truth, p, kk) if kk > 0 else 0)
+                elif rule == "follow the leader":
+                    ok = [own_len > 0, own_len > 0, hl > 0, hl > 0]
+                    best = base
+                    for i in range(4):
+                        if ok[i] and last[i] > last[best]:
+                            best = i
+                    acc = c[best]
+                elif rule == "learned by match lengths":
+                    w = cells[_cell(own_len), _cell(hl)]
+                    acc = c[base] if not (own_len and hl) or w[0] == w[1] else c[0 if w[0] > w[1] else 2]
+                elif rule == "oracle own/history":
+                    acc = max(c[0], c[2])
+                else:
+                    acc = c.max()
+                step = int(acc) + 1
+                last = np.minimum(c, step).astype(float)  # what each candidate would have accepted
+                if own_len and hl:
+                    cells[_cell(own_len), _cell(hl)] += (last[0], last[2])
+                new = truth[p : p + step]
+                own.append(new)
+                S._advance(new, ha, hm, ctl)
+                p += step
+                forwards += 1
+            tokens += n
+        for r in reqs:
+            history.setdefault(r.group_key, []).append(np.ascontiguousarray(r.truth, np.int32))
+    return tokens / forwards
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data-dir")
+    ap.add_argument("--k", type=int, nargs="+", default=[3, 5, 8])
+    ap.add_argument("--prompts", type=int, default=30, help="AIME24 prompts per checkpoint")
+    args = ap.parse_args(argv)
+    rounds = B.load_skyt1(B.data_dir(args.data_dir), B.tokenizer(), args.prompts, with_capped=False)
+    print(f"Sky-T1: {len(rounds)} checkpoints, {sum(map(len, rounds))} uncapped responses, tokens per forward pass")
+    print("| rule | " + " | ".join(f"k = {k}" for k in args.k) + " |")
+    print("|---|" + "---|" * len(args.k))
+    for rule in RULES:
+        t0 = time.time()
+        vals = [replay(rounds, k, rule) for k in args.k]
+        print(f"| {rule} | " + " | ".join(f"{v:.3f}" for v in vals) + f" |  [{time.time() - t0:.0f} s]", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
