@@ -565,6 +565,8 @@ def main(argv=None) -> int:
     if args.table:
         runs = [json.loads(Path(f).read_text()) for f in args.table]
         for run in runs:
+            if isinstance(run["meta"], list):  # a merged results file (--table A B --json): settings kept
+                continue
             for r in run["results"]:
                 r["setting"] = setting(run["meta"], r["data"])
         saved = {"meta": [r["meta"] for r in runs], "results": [x for r in runs for x in r["results"]]}

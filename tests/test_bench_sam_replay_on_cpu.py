@@ -216,3 +216,12 @@ def test_selection_ceiling_rules_on_a_repeated_answer():
     assert got["longest"] > alone
     assert got["oracle all four"] >= got["oracle own/history"] >= got["longest"]
     assert got["oracle all four"] >= max(got.values()) - 1e-12
+
+
+def test_the_doc_tables_are_the_results_file_printed_again(capsys):
+    # docs/spec_decode.md embeds `bench_sam.py --table docs/spec_decode_bench.json` (a merged file)
+    assert bench_sam.main(["--table", str(REPO / "docs/spec_decode_bench.json")]) == 0
+    printed = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("|")]
+    doc = (REPO / "docs/spec_decode.md").read_text().splitlines()
+    assert len(printed) > 50
+    assert [ln for ln in printed if ln not in doc] == []
