@@ -342,33 +342,116 @@ def test_the_proposer_keeps_unscheduled_requests_and_finishes_finished_ones():
     assert d.history.store.get(next(iter(d.groups)))[0].tolist() == [40, 41, 42, 43, 44]
 
 
-def test_history_through_the_ray_actor_reaches_another_replica():
+def test_the_proposer_picks_its_history_store_and_says_why(monkeypatch, capsys):
+    """verl runs vLLM with the mp executor: the drafter lives in processes vLLM spawned, where Ray is not
+    initialized. Without RAY_ADDRESS it keeps an in-process store and warns; under external_launcher
+    (every rank schedules from its own drafts) history is off, with a warning."""
+    from types import SimpleNamespace
+
+    from vllm.config import ParallelConfig
+
+    from npu_rl.spec_decode.vllm_proposer import SamProposer
+    from tests.test_spec_decode_vllm_on_cpu import vllm_config
+
+    ray = pytest.importorskip("ray")
+    assert not ray.is_initialized()
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    p = SamProposer(vllm_config(sam_history_mb=16))
+    assert p.drafter.history.where.startswith("in-process")
+    err = capsys.readouterr().err
+    assert "[npu-rl] warning: SAM history: this process is not connected to Ray and RAY_ADDRESS is not set" in err
+    assert "[npu-rl] SAM history corpus: in-process (this engine only), 16 MiB" in err
+    cfg = vllm_config(sam_history_mb=16)
+    launcher = SimpleNamespace(
+        **vars(cfg), parallel_config=ParallelConfig(distributed_executor_backend="external_launcher")
+    )
+    assert SamProposer(launcher).drafter.history is None
+    assert "[npu-rl] warning: SAM history is off (sam_history_mb=16)" in capsys.readouterr().err
+    assert "SAM drafter: 0 steps" in p.stats_line() and "history: 0 lookups" in p.stats_line()
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One private local Ray instance for this module's Ray tests (a second start in the same process
+    can outlast Ray's wait for its GCS port on a loaded machine)."""
+    import os
+
+    ray = pytest.importorskip("ray")
+    before = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # a spawned process connects without the launcher's token setup
+    try:
+        ctx = ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+        yield ray, ctx
+    finally:
+        ray.shutdown()
+        if before is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = before
+
+
+def test_history_through_the_ray_actor_reaches_another_replica(local_ray):
     """Two drafters (replicas) share one named Ray actor store: the first one's finished output is
     drafted by the second, and no tick waits for the actor (lookups are polled)."""
-    ray = pytest.importorskip("ray")
     import time
 
     from npu_rl.spec_decode.history import RayHistory
 
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)  # a private instance
-    try:
-        prompt = np.arange(300, 320, dtype=np.int32)
-        earlier = (np.arange(800) % 89 + 600).astype(np.int32)
-        r1 = SamDrafter(k=4, group_budget_bytes=64 << 20, history=RayHistory(64 << 20))
-        r1.start("x", prompt)
-        r1.step("x", earlier)
-        r1.finish("x", reward=1.0)
-        r1.tick()  # flushes the output to the actor
-        r2 = SamDrafter(k=4, group_budget_bytes=64 << 20, history=RayHistory(1))  # same actor, by name
-        assert r2.history.actor._actor_id == r1.history.actor._actor_id
-        assert r2.history.stats()["responses"] == 1
-        r2.start("y", prompt)
-        r2.step("y", earlier[:3])
-        deadline = time.monotonic() + 60
-        while r2.stats()["history_tokens_built"] < len(earlier) + 1 and time.monotonic() < deadline:
-            r2.tick()  # polls the actor's answer, then the builder thread
-            time.sleep(0.001)
-        assert r2.step("y", earlier[3:5]).tolist() == earlier[5:9].tolist()
-        ray.kill(r1.history.actor)
-    finally:
-        ray.shutdown()
+    ray, _ = local_ray
+    prompt = np.arange(300, 320, dtype=np.int32)
+    earlier = (np.arange(800) % 89 + 600).astype(np.int32)
+    r1 = SamDrafter(k=4, group_budget_bytes=64 << 20, history=RayHistory(64 << 20))
+    r1.start("x", prompt)
+    r1.step("x", earlier)
+    r1.finish("x", reward=1.0)
+    r1.tick()  # flushes the output to the actor
+    r2 = SamDrafter(k=4, group_budget_bytes=64 << 20, history=RayHistory(1))  # same actor, by name
+    assert r2.history.actor._actor_id == r1.history.actor._actor_id
+    assert r2.history.stats()["responses"] == 1
+    r2.start("y", prompt)
+    r2.step("y", earlier[:3])
+    deadline = time.monotonic() + 60
+    while r2.stats()["history_tokens_built"] < len(earlier) + 1 and time.monotonic() < deadline:
+        r2.tick()  # polls the actor's answer, then the builder thread
+        time.sleep(0.001)
+    assert r2.step("y", earlier[3:5]).tolist() == earlier[5:9].tolist()
+    ray.kill(r1.history.actor)
+
+
+def test_a_spawned_engine_process_reaches_the_cluster_store_through_ray_address(tmp_path, local_ray):
+    """A process with Ray not initialized and RAY_ADDRESS set (what vLLM's workers inherit from verl's
+    server actor under the launcher) connects and uses the named actor."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from npu_rl import REPO_ROOT
+
+    ray, ctx = local_ray
+    script = tmp_path / "engine.py"
+    script.write_text(
+        "import json\n"
+        "from tests.test_spec_decode_vllm_on_cpu import vllm_config\n"
+        "from npu_rl.spec_decode.vllm_proposer import SamProposer\n"
+        "p = SamProposer(vllm_config(sam_history_mb=16))\n"
+        "p.drafter.history.add(b'k' * 16, [1, 2, 3], 1.0)\n"
+        "p.drafter.history.flush()\n"
+        "print('RESULT ' + json.dumps([p.drafter.history.where, p.drafter.history.stats()['responses']]))\n"
+    )
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": ctx.address_info["gcs_address"],
+        "RAY_AUTH_MODE": "disabled",
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert r.returncode == 0 and lines, r.stderr[-3000:]
+    where, responses = json.loads(lines[-1][len("RESULT ") :])
+    assert where.startswith("Ray actor npu_rl/npu_rl_sam_history") and responses == 1
+    from npu_rl.spec_decode.history import ACTOR_NAME, ACTOR_NAMESPACE
+
+    actor = ray.get_actor(ACTOR_NAME, namespace=ACTOR_NAMESPACE)  # the store outlives the process
+    assert ray.get(actor.stats.remote())["responses"] == 1
+    ray.kill(actor)

@@ -17,16 +17,24 @@ unchanged.
 
 from __future__ import annotations
 
-import logging
+import os
+import sys
+import time
 from typing import Any
 
 import numpy as np
 
 from npu_rl.spec_decode.config import SamSettings, from_speculative_config
 from npu_rl.spec_decode.corpus import SamDrafter
-from npu_rl.spec_decode.history import HistoryStore, LocalHistory, RayHistory
+from npu_rl.spec_decode.history import ACTOR_NAMESPACE, HistoryStore, LocalHistory, RayHistory
 
-logger = logging.getLogger(__name__)
+STATS_EVERY_S = 60.0  # the proposer logs its drafter's counters at most this often
+
+
+def _say(msg: str) -> None:
+    """One ``[npu-rl]`` line on stderr: vLLM's worker processes leave this package's logger without a
+    handler, so an INFO record would vanish (as the engine GC guard, the proposer prints)."""
+    print(f"[npu-rl] {msg} (pid {os.getpid()})", file=sys.stderr, flush=True)
 
 
 class SamProposer:
@@ -48,13 +56,14 @@ class SamProposer:
             min_match=self.settings.min_match,
             group_budget_bytes=self.settings.group_corpus_bytes,
             adaptive_k=self.settings.adaptive_k,
-            history=_history(self.settings),
+            history=_history(self.settings, vllm_config),
         )
         if self.drafter.history is not None:
-            logger.info("SAM history corpus: %s, %d MiB", self.drafter.history.where, self.settings.history_bytes >> 20)
+            _say(f"SAM history corpus: {self.drafter.history.where}, {self.settings.history_bytes >> 20} MiB")
         self.runner = runner
         self.steps = 0
         self.gated_steps = 0
+        self._stats_at = time.monotonic()
         _compile()  # numba compiles (or loads its cache) here, not in the first decode step
 
     def propose(
@@ -93,7 +102,26 @@ class SamProposer:
             if cached is None or req_id not in cached:
                 drafter.finish(req_id)
         drafter.tick()
+        if time.monotonic() - self._stats_at >= STATS_EVERY_S:
+            self._stats_at = time.monotonic()
+            _say(self.stats_line())
         return drafts
+
+    def stats_line(self) -> str:
+        """One log line of what the drafter did so far: steps (gated), groups, tokens and bytes per
+        token, evictions, and the history's lookups, tokens built and where it lives."""
+        st = self.drafter.stats()
+        line = (
+            f"SAM drafter: {self.steps} steps ({self.gated_steps} above the batch-size gate), {st['groups']} groups, "
+            f"{st['requests']} running, {st['tokens']} tokens at {st['bytes_per_token']:.0f} B/token "
+            f"({st['nbytes'] >> 20} MiB of {self.settings.group_corpus_bytes >> 20}), {st['evictions']} evictions"
+        )
+        if self.drafter.history is not None:
+            line += (
+                f"; history: {st['history_lookups']} lookups, {st['history_tokens_built']} tokens built "
+                f"({st['history_bytes'] >> 20} MiB), store: {st['history']}"
+            )
+        return line
 
     def load_model(self, *args, **kwargs) -> None:
         """No model to load (model-free drafter)."""
@@ -125,27 +153,71 @@ class AscendSamProposer(SamProposer):
         """Nothing to run: the drafter has no model."""
 
 
-def _history(settings: SamSettings):
-    """The history store the settings ask for: the cluster-wide Ray actor when this process is
-    connected to Ray, else an in-process store (reaches only prompts this engine serves again)."""
+def _history(settings: SamSettings, vllm_config: Any = None):
+    """The history store the settings ask for (None when off).
+
+    The cluster-wide Ray actor when this process can reach Ray: it is connected already, or
+    ``RAY_ADDRESS`` names the cluster. verl starts vLLM with the ``mp`` executor, so the drafter runs in
+    processes vLLM spawned inside verl's server actor, where Ray is not initialized; the launcher
+    sets ``RAY_ADDRESS`` on every node, and those processes inherit it. Otherwise an in-process store,
+    which reaches only prompts this engine serves again, and a warning that says why.
+
+    With vLLM's ``external_launcher`` executor every rank schedules from its own drafts, so they must
+    agree; history arrives at each rank at its own step, so it is turned off there, with a warning.
+    """
     if not settings.history_bytes:
         return None
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return RayHistory(settings.history_bytes, reward_weighted=True)
-    except ImportError:
-        pass
+    backend = getattr(getattr(vllm_config, "parallel_config", None), "distributed_executor_backend", None)
+    if backend == "external_launcher":
+        _say(
+            f"warning: SAM history is off (sam_history_mb={settings.history_bytes >> 20}): with "
+            "distributed_executor_backend=external_launcher every rank schedules from its own drafts, and history "
+            "reaches the ranks at different steps; use the mp executor (verl's) or set sam_history_mb=0"
+        )
+        return None
+    why = _connect_ray()
+    if why is None:
+        return RayHistory(settings.history_bytes, reward_weighted=True)
+    _say(
+        f"warning: SAM history: {why}, so this engine keeps an in-process store, which reaches only prompts it "
+        "serves again (set RAY_ADDRESS to the cluster's address for the cluster-wide store)"
+    )
     return LocalHistory(HistoryStore(settings.history_bytes))
 
 
+def _connect_ray() -> str | None:
+    """Connect this process to the Ray cluster named by ``RAY_ADDRESS`` unless it is connected already.
+    None when connected; else why not (no Ray, no address, the cluster did not answer)."""
+    try:
+        import ray
+    except ImportError:
+        return "ray is not installed"
+    if ray.is_initialized():
+        return None
+    address = os.environ.get("RAY_ADDRESS", "")
+    if not address:
+        return "this process is not connected to Ray and RAY_ADDRESS is not set"
+    try:
+        ray.init(address=address, namespace=ACTOR_NAMESPACE, log_to_driver=False, configure_logging=False)
+    except Exception as e:  # noqa: BLE001 - any failure to connect leaves the in-process store, said loudly
+        return f"connecting to Ray at RAY_ADDRESS={address} failed ({type(e).__name__}: {e})"
+    return None
+
+
 def _compile() -> None:
-    """Run every compiled path once (own match, group match, growth, history) on a throwaway drafter."""
-    d = SamDrafter(2, group_budget_bytes=1 << 20, adaptive_k=True, history=LocalHistory(HistoryStore(1 << 20)))
+    """Run every compiled path once (own match, group match, growth, history build and attach) on
+    throwaway drafters: one replica's output becomes the other's history."""
+    store = HistoryStore(1 << 20)
+    d = SamDrafter(2, group_budget_bytes=1 << 20, adaptive_k=True, history=LocalHistory(store))
     d.start("a", np.arange(8, dtype=np.int32))
     d.step("a", np.arange(300, dtype=np.int32) % 7)
     d.finish("a")
     d.start("b", np.arange(8, dtype=np.int32))
     d.step("b", np.array([1, 2], np.int32))
     d.tick()
+    other = SamDrafter(2, group_budget_bytes=1 << 20, history=LocalHistory(store), history_build="inline")
+    for rid in ("c", "d"):  # attached to a running stream, then at a new stream's start
+        other.start(rid, np.arange(8, dtype=np.int32))
+        other.step(rid, np.array([1, 2], np.int32))
+        other.tick()
+        other.step(rid, np.array([3], np.int32))
