@@ -96,14 +96,14 @@ def test_the_sam_recipe_variant_passes_its_dry_run():
     assert "SAM speculative decoding" in on.split(None, 2)[2].split(", "), on
 
 
-def test_the_30b_history_recipe_drafts_at_every_batch_size_with_history_and_says_so():
+def test_the_30b_sam_recipe_drafts_at_every_batch_size_and_says_so():
     rc, out, facts = dry_run(
         REPO_ROOT / "recipes/qwen3-30b-a3b/grpo_16die_sam.sh", REPO_ROOT / "recipes/qwen3-30b-a3b/env_1node.sh"
     )
     assert rc == 0, out
     line = next(x for x in out.splitlines() if x.startswith("spec decode"))
     assert line.split(None, 2)[2] == (
-        "SAM k=4, drafts while running batch always, group corpus 256 MiB, min match 1, adaptive k off, history 512 MiB"
+        "SAM k=4, drafts at every batch size, group corpus 256 MiB, min match 1, adaptive k off, history off"
     )
     rc, out, _ = dry_run(
         REPO_ROOT / "recipes/qwen3-30b-a3b/grpo_16die.sh", REPO_ROOT / "recipes/qwen3-30b-a3b/env_1node.sh"

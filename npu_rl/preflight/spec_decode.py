@@ -58,11 +58,12 @@ def check_spec_decode(cfg, env: Mapping[str, str], report: Report) -> str | None
     # async_scheduling=True with SAM: vLLM's VllmConfig refuses it (npu_rl.preflight.libraries).
     if isinstance(spec, Mapping) and spec.get("prompt_lookup_max") is not None:
         report.warn(f"{PREFIX}.prompt_lookup_max", "is an n-gram setting: the SAM drafter ignores it")
-    gate = {0: "never"}.get(
-        settings.max_batch, "always" if settings.max_batch >= 1 << 62 else f"<= {settings.max_batch}"
+    gate = {0: "never (gate 'never')"}.get(
+        settings.max_batch,
+        "at every batch size" if settings.max_batch >= 1 << 62 else f"while running batch <= {settings.max_batch}",
     )
     return (
-        f"SAM k={settings.k}, drafts while running batch {gate}, group corpus "
+        f"SAM k={settings.k}, drafts {gate}, group corpus "
         f"{settings.group_corpus_bytes >> 20} MiB, min match {settings.min_match}, "
         f"adaptive k {'on' if settings.adaptive_k else 'off'}, history "
         + (f"{settings.history_bytes >> 20} MiB" if settings.history_bytes else "off")

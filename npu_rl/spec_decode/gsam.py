@@ -2,9 +2,9 @@
 
 One :class:`GroupAutomaton` holds every text of one prompt: the running requests (prompt + output so
 far, each a *stream*, grown one token at a time as the engine samples it, interleaved with its
-siblings), the finished ones, and the prompt's history (earlier rounds' responses, inserted as
-streams too). A request's draft continues the longest suffix of its own stream that occurs anywhere
-in the group (its own earlier text, a live sibling, a finished sibling, history), so there is no
+siblings) and the finished ones. A request's draft continues the longest suffix of its own stream
+that occurs anywhere in the group (its own earlier text, a live sibling, a finished sibling) or in
+the prompt's read-only history automaton (see below), so there is no
 separate group corpus, no resync and no bulk insert at finish: finishing a request only closes its
 stream. Sources: the online generalized suffix automaton (Blumer et al. 1987; the "transition
 already exists" case as in the competitive-programming references), SAM Decoding (Hu et al., ACL

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Qwen3-32B GRPO with SAM speculative decoding: grpo_32die.sh plus the suffix-automaton drafter.
 #   bash ray_start_npu.sh recipes/qwen3-32b/grpo_32die_sam.sh recipes/qwen3-32b/env_2node.sh
-# Each vLLM engine drafts k = 3 tokens from the longest suffix match in the response's own text, its
-# live and finished siblings (256 MiB group corpus per engine) or the prompt's earlier-round responses
-# (history: 512 MiB in a cluster-wide Ray actor; each engine builds a read-only automaton per prompt on
-# a worker thread, off the decode step), only while its running batch is at most 32 requests (the
-# long tail); vLLM's rejection sampler verifies the drafts, so sampling and log-probs are unchanged. The gate is the default (32); change it with
+# Each vLLM engine drafts k = 3 tokens from the longest suffix match in the response's own text or its
+# live and finished siblings (256 MiB group corpus per engine), only while its running batch is at
+# most 32 requests (the long tail); vLLM's rejection sampler verifies the drafts, so sampling and
+# log-probs are unchanged. History (earlier rounds' responses of a prompt) is off: this recipe trains
+# one epoch, so no prompt comes back; with total_epochs >= 2 add +$S.sam_history_mb=N (sizing in
+# docs/spec_decode.md, "History"). The gate is the default (32); change it with
 # VLLM_SPECULATIVE_BATCH_SIZE_THRE in the ENV script, or with +$S.sam_batch_size_threshold=N on the
 # launcher's command line. See docs/spec_decode.md.
 # Graph mode FULL, not FULL_DECODE_ONLY: SAM's drafts are often short or empty, and FULL_DECODE_ONLY
@@ -18,7 +19,6 @@ SAM=(
     "+$S.method=sam"
     "+$S.num_speculative_tokens=$SPEC_TOKENS"
     "+$S.sam_group_corpus_mb=256"
-    "+$S.sam_history_mb=512"
     trainer.experiment_name=grpo-32die-sam
 )
 exec bash "$(dirname "${BASH_SOURCE[0]}")/grpo_32die.sh" "${SAM[@]}" "$@"
