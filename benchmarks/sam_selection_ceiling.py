@@ -56,23 +56,14 @@ RULES = (
 
 @njit(cache=True)
 def _accepted(a, pos, n_text, period, truth, p, k):
-    """Tokens of the continuation after end position ``pos`` of ``a[:n_text]`` that equal truth[p:p+k]
-    (reading past the end repeats the last ``period`` tokens, as SAM's own-text draft does)."""
+    """Tokens of SAM's draft after end position ``pos`` of ``a[:n_text]`` (``sam._continuation``: past
+    the end it repeats the last ``period`` tokens) that equal truth[p:p+k]."""
     out = np.empty(max(k, 1), np.int32)
-    n = 0
-    while n < k and p + n < truth.shape[0]:
-        src = pos + 1 + n
-        if src < n_text:
-            t = a[src]
-        elif period > 0 and n >= period:
-            t = out[n - period]
-        else:
-            break
-        if t < 0 or t != truth[p + n]:
-            break
-        out[n] = t
-        n += 1
-    return n
+    n = S._continuation(a, n_text, pos, period, k, out)
+    m = 0
+    while m < n and p + m < truth.shape[0] and out[m] == truth[p + m]:
+        m += 1
+    return m
 
 
 @njit(cache=True)
