@@ -59,7 +59,7 @@ import hashlib
 import itertools
 import time
 from collections import Counter, OrderedDict, deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -301,19 +301,6 @@ class _Group:
     @property
     def nbytes(self) -> int:
         return self.gsam.nbytes + (self.hist.nbytes if self.hist is not None else 0)
-
-
-class _Done:
-    """An already finished build (``history_build="inline"``), with a future's done/result."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def done(self) -> bool:
-        return True
-
-    def result(self, timeout=None):
-        return self.value
 
 
 def build_history(responses: list[np.ndarray], occurrence: str = "recent") -> SuffixAutomaton:
@@ -567,7 +554,9 @@ class SamDrafter:
                 t0 = time.thread_time_ns()
                 built = build_history(fresh, self.occurrence)
                 self.history_build_ns += time.thread_time_ns() - t0
-                self._builds.append((group, _Done(built)))
+                done = Future()  # already finished: attached below like a worker's build
+                done.set_result(built)
+                self._builds.append((group, done))
             else:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(1, thread_name_prefix="npu_rl_sam_history")
