@@ -14,10 +14,18 @@ VENV="${NPU_RL_VENV:-$NPU_RL_ROOT/.venv}"
 PY="$VENV/bin/python"
 [[ -x "$PY" ]] || common::die "$PY not found: run the set-up first (bash install_stack.sh --cpu)"
 
+tests::free_disk() {
+    # Free space where the tests write (pytest's tmp_path, Ray's session folders): a full disk makes
+    # every later test error at set-up, which reads like a code failure.
+    local dir="${TMPDIR:-/tmp}" kib
+    kib="$(df -Pk "$dir" | awk 'NR == 2 {print $4}')"
+    printf '%s: %s GiB free' "$dir" "$((kib / 1048576))"
+}
+
 tests::stage() {
     local name="$1" started=$SECONDS
     shift
-    common::log "stage: $name"
+    common::log "stage: $name ($(tests::free_disk))"
     "$@"
     common::log "stage: $name passed in $((SECONDS - started)) s"
 }
@@ -143,6 +151,7 @@ tests::main_job_async() {
 
 main() {
     local started=$SECONDS
+    trap 'rc=$?; ((rc == 0)) || common::log "test command failed (exit $rc); $(tests::free_disk)"' EXIT
     tests::stage "pytest (npu_rl)" tests::pytest "$@"
     tests::stage "CPU main job (GRPO through ray_start_npu.sh)" tests::main_job
     tests::stage "CPU main job, fully-async (verl's fully_async_policy through ray_start_npu.sh)" tests::main_job_async
