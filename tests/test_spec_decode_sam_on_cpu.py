@@ -249,27 +249,43 @@ def test_drafter_uses_finished_siblings_and_releases_memory():
     assert d.request_bytes == 0 and not d.requests
 
 
-def test_a_frozen_automaton_matches_and_drafts_like_the_growing_one_and_refuses_to_grow():
+@pytest.mark.parametrize("occurrence", ["recent", "first"])
+def test_a_frozen_automaton_matches_and_drafts_like_the_growing_one_and_refuses_to_grow(occurrence):
     from npu_rl.spec_decode import sam as S
 
     rng = np.random.default_rng(7)
-    text = np.concatenate([rng.integers(0, 6, 3000), [-1], rng.integers(0, 6, 2000)]).astype(np.int32)
-    grown, frozen = S.SuffixAutomaton(64), S.SuffixAutomaton(64)
+    # three "responses" with their own separators; a small alphabet makes repeats, branching states
+    # and states whose preferred occurrence ends a response (the end position then falls back)
+    parts = [rng.integers(0, 6, 3000), [-1], rng.integers(0, 6, 2000), [-2], rng.integers(0, 3, 500), [-3]]
+    text = np.concatenate(parts).astype(np.int32)
+    grown, frozen = S.SuffixAutomaton(64, occurrence), S.SuffixAutomaton(64, occurrence)
     grown.append(text)
     frozen.append(text)
     frozen.freeze()
-    assert frozen.nbytes < grown.nbytes and len(frozen) == len(grown) == text.shape[0]
+    assert frozen.nbytes < grown.nbytes / 2 and len(frozen) == len(grown) == text.shape[0]
+    assert frozen.num_states == grown.num_states
+    ga, gm, fa, fm = grown.arena, grown.meta, frozen.arena, frozen.meta
+    # every transition on a real token is the same (state numbers are kept); separators have none
+    for s in range(grown.num_states):
+        for c in range(7):
+            assert S._goto(fa, fm, s, c) == S._goto(ga, gm, s, c), (s, c)
+        assert S._goto(fa, fm, s, -1) == -1
+    # one end position per state: the preferred occurrence unless no real token follows it
+    pref, other = (S.O_RECENT, S.O_FIRST) if occurrence == "recent" else (S.O_FIRST, S.O_RECENT)
+    for s in range(1, grown.num_states):
+        p, q, pos = ga[gm[pref] + s], ga[gm[other] + s], fa[fm[S.O_POS] + s]
+        follows = p + 1 < text.shape[0] and text[p + 1] >= 0
+        assert pos == (p if follows or not (q + 1 < text.shape[0] and text[q + 1] >= 0) else q), s
+        n = ga[gm[S.O_LEN] + s]
+        assert fa[fm[S.O_LEN] + s] == n
+        assert text[pos - n + 1 : pos + 1].tolist() == text[p - n + 1 : p + 1].tolist()  # same string
     for _ in range(50):
         query = rng.integers(0, 6, 40).astype(np.int32)
-        ctls = []
-        for sa in (grown, frozen):
-            ctl = S.new_ctl(4, 1, True)
-            S._advance(query, sa.arena, sa.meta, ctl)
-            s = ctl[S.C_GSTATE]
-            pos = sa.arena[sa.meta[S.O_RECENT] + s], sa.arena[sa.meta[S.O_FIRST] + s]
-            ctls.append((int(ctl[S.C_GLEN]), int(pos[0]), int(pos[1])))
-        assert ctls[0] == ctls[1]
-        n, p_recent, _ = ctls[0]
-        assert n == 0 or text[p_recent - n + 1 : p_recent + 1].tolist() == query[-n:].tolist()
+        ctls = [S.new_ctl(4, 1, True) for _ in range(2)]
+        for sa, ctl in zip((grown, frozen), ctls, strict=True):
+            sa.advance(ctl, query)
+        assert ctls[0][[S.C_GSTATE, S.C_GLEN]].tolist() == ctls[1][[S.C_GSTATE, S.C_GLEN]].tolist()
+        n, p = int(ctls[1][S.C_GLEN]), frozen.match_position(ctls[1])
+        assert n == 0 or text[p - n + 1 : p + 1].tolist() == query[-n:].tolist()
     with pytest.raises(RuntimeError, match="frozen"):
         frozen.append([1])

@@ -50,20 +50,19 @@ from numba import njit
 
 from npu_rl.spec_decode import sam as _flat
 from npu_rl.spec_decode.sam import _continuation as _hcontinuation
-from npu_rl.spec_decode.sam import _find as _hfind
+from npu_rl.spec_decode.sam import _goto as _hgoto
 
 __all__ = ["CHUNK", "GroupAutomaton", "HISTORY_RESYNC", "attach_history", "new_stream"]
 
 CHUNK = 64  # tokens per text chunk (a stream wastes < CHUNK slots at its end)
 HISTORY_RESYNC = 256  # output tokens a running stream is matched over when a history automaton arrives
 # the history automaton is a read-only npu_rl.spec_decode.sam.SuffixAutomaton: its row offsets
-_H_NTEXT, _H_LEN, _H_LINK, _H_FIRST, _H_RECENT, _H_DST, _H_WALK = (
+_H_NTEXT, _H_LEN, _H_LINK, _H_FIRST, _H_RECENT, _H_WALK = (
     _flat.N_TEXT,
     _flat.O_LEN,
     _flat.O_LINK,
     _flat.O_FIRST,
     _flat.O_RECENT,
-    _flat.O_DST,
     _flat.WALK,
 )
 RECENT_WALK = 8
@@ -400,9 +399,9 @@ def _hadvance(new, ha, hm, st):
     for j in range(new.shape[0]):
         c = new[j]
         while True:
-            e = _hfind(ha, hm, s, c)
-            if e >= 0:
-                s = ha[hm[_H_DST] + e]
+            t = _hgoto(ha, hm, s, c)
+            if t >= 0:
+                s = t
                 ln += 1
                 break
             if s == 0:
