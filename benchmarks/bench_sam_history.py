@@ -27,7 +27,7 @@ Data (``--data-dir``, default ``$NPU_RL_DATA_DIR`` else ``<repo>/../shared/data`
 (checkpoint t-1's response is the history of checkpoint t's; traces that ran into the 32K cap are
 left out) and Qwen2.5-Math MATH maj8 (8 samples per prompt, split into ``--math-rounds`` rounds).
 
-    python benchmarks/bench_sam_history.py [--sections steps history replay] [--k 5] [--ray] [--json out.json]
+    python benchmarks/bench_sam_history.py [--sections steps history layout replay] [--k 5] [--ray] [--json out.json]
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from npu_rl.spec_decode.corpus import SamDrafter, SamDrafterV1, prompt_key  # noqa: E402
+from npu_rl.spec_decode import sam as S  # noqa: E402
+from npu_rl.spec_decode.corpus import SamDrafter, SamDrafterV1, build_history, prompt_key  # noqa: E402
 from npu_rl.spec_decode.history import HistoryStore, LocalHistory  # noqa: E402
 
 MATH = "samples_qwen25math_maj8/math_cot_100.jsonl"
@@ -108,6 +109,54 @@ def load_skyt1(d: Path, tok, recipe: str) -> tuple[list[tuple[np.ndarray, list[n
 
 
 # ---------------------------------------------------------------------------------------- sections
+def section_layout(groups, label: str, history_tokens: int) -> dict:
+    """Memory of the frozen history automata: each prompt's history is its responses but the last
+    (the newest first, at most ``history_tokens`` tokens, as the store answers), built with
+    ``build_history`` as an engine builds it; the same text in a growing automaton for comparison."""
+    tokens = frozen = grown = states = edges = plain = builds = 0
+    for _, resps in groups:
+        hist, n = [], 0
+        for r in reversed([r for r in resps if r is not None][:-1]):
+            if n + r.shape[0] > history_tokens:
+                break
+            hist.insert(0, r)
+            n += r.shape[0]
+        if not hist:
+            continue
+        g = S.SuffixAutomaton(sum(int(r.shape[0]) + 1 for r in hist))
+        for i, r in enumerate(hist):
+            g.append(r)
+            g.append(np.array([-1 - i], np.int32))
+        t0 = time.thread_time()
+        h = build_history(hist)
+        builds += time.thread_time() - t0
+        a, m = h.arena, h.meta
+        x = a[m[S.O_X] : m[S.O_X] + h.num_states]
+        tokens += len(h)
+        frozen += h.nbytes
+        grown += g.used_bytes
+        states += h.num_states
+        edges += h.num_edges
+        plain += int(np.count_nonzero(x >= S.X_NONE))  # no explicit edge: only the implicit one, or none
+    row = {
+        "data": label,
+        "history_tokens": tokens,
+        "frozen_bytes_per_token": frozen / tokens,
+        "growing_bytes_per_token": grown / tokens,
+        "states_per_token": states / tokens,
+        "edges_per_token": edges / tokens,
+        "states_without_explicit_edges": plain / states,
+        "build_us_per_token": 1e6 * builds / tokens,
+    }
+    print(
+        f"[layout] {label}: {tokens} history tokens; frozen {row['frozen_bytes_per_token']:.1f} B/token "
+        f"(growing, in use: {row['growing_bytes_per_token']:.1f}); {row['states_per_token']:.2f} states, "
+        f"{row['edges_per_token']:.2f} edges per token, {100 * row['states_without_explicit_edges']:.0f}% of "
+        f"states store no edge; build {row['build_us_per_token']:.2f} us/token"
+    )
+    return row
+
+
 def section_steps(groups, k: int, n_requests: int, gate: bool, label: str, v1: bool = False) -> dict:
     """All requests decode together; time every engine step's drafter calls (``v1``: the issue-6
     drafter, whose group corpus takes a finished response in one insert)."""
@@ -151,9 +200,10 @@ def section_steps(groups, k: int, n_requests: int, gate: bool, label: str, v1: b
     else:
         st = d.stats()
         grows = sum(g.gsam.grows for g in d.groups.values())
-        # the floor of any suffix automaton layout on this text: per token, 4 B of text, per state at
-        # least its length, link and one end position (12 B), per edge its token and target (8 B) and a
-        # lookup slot (>= 4 B)
+        # the floor of a growing automaton with hashed edges on this text: per token, 4 B of text, per
+        # state at least its length, link and one end position (12 B), per edge its token and target
+        # (8 B) and a lookup slot (>= 4 B). The frozen history layout stores most edges implicitly
+        # (SuffixAutomaton.freeze) and goes below it.
         st["states_per_token"] = sum(g.gsam.num_states for g in d.groups.values()) / st["tokens"]
         st["edges_per_token"] = sum(g.gsam.num_edges for g in d.groups.values()) / st["tokens"]
         st["floor_bytes_per_token"] = 4 + 12 * st["states_per_token"] + 12 * st["edges_per_token"]
@@ -180,8 +230,8 @@ def section_steps(groups, k: int, n_requests: int, gate: bool, label: str, v1: b
         f"{row['us_per_token']:.2f} us/token; {grows} automaton growths; "
         f"{row['bytes_per_token']:.1f} B/token allocated, {row['used_bytes_per_token']:.1f} B/token in use"
         + (
-            f" ({row['states_per_token']:.2f} states, {row['edges_per_token']:.2f} edges per token: any suffix "
-            f"automaton layout needs >= {row['floor_bytes_per_token']:.1f} B/token)"
+            f" ({row['states_per_token']:.2f} states, {row['edges_per_token']:.2f} edges per token: a growing suffix "
+            f"automaton with hashed edges needs >= {row['floor_bytes_per_token']:.1f} B/token)"
             if "floor_bytes_per_token" in row
             else ""
         )
@@ -377,7 +427,7 @@ def section_history(groups_by_round, ray: bool) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir")
-    ap.add_argument("--sections", nargs="+", default=["steps", "history", "replay"])
+    ap.add_argument("--sections", nargs="+", default=["steps", "history", "layout", "replay"])
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--requests", type=int, default=256, help="running requests in the steps section")
     ap.add_argument("--math-rounds", type=int, default=2, help="rounds the 8 MATH samples are split into")
@@ -430,6 +480,11 @@ def main() -> None:
     sky_rounds = [[(p, [rs[t]] if rs[t] is not None else []) for p, rs in sky] for t in range(n_ck)]
     if "history" in args.sections:
         out["history"] = section_history(math_rounds, args.ray)
+    if "layout" in args.sections:
+        out["layout"] = [
+            section_layout(math, "MATH maj8", args.history_tokens),
+            section_layout(sky, f"Sky-T1 {args.skyt1_recipe}", args.history_tokens),
+        ]
     if "replay" in args.sections:
 
         def items(rounds):
