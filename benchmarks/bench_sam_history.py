@@ -152,7 +152,7 @@ def section_layout(groups, label: str, history_tokens: int) -> dict:
         f"[layout] {label}: {tokens} history tokens; frozen {row['frozen_bytes_per_token']:.1f} B/token "
         f"(growing, in use: {row['growing_bytes_per_token']:.1f}); {row['states_per_token']:.2f} states, "
         f"{row['edges_per_token']:.2f} edges per token, {100 * row['states_without_explicit_edges']:.0f}% of "
-        f"states store no edge; build {row['build_us_per_token']:.2f} us/token"
+        f"states store no explicit edge; build {row['build_us_per_token']:.2f} us/token"
     )
     return row
 

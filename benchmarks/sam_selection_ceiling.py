@@ -14,7 +14,7 @@ response, as in ``sam_replay.py``):
 
 - ``longest``: the longer match drafts (own on ties), as ``SamDrafter`` does;
 - ``history frequent``: as ``longest``, but a history draft follows, token by token, the most
-  frequent continuation among the history's occurrences (occurrence counts of the frozen automaton);
+  frequent continuation among the history's occurrences (occurrence counts of the history automaton);
 - ``follow the leader``: the candidate that would have accepted most in the previous pass;
 - ``learned by match lengths``: own or history, by which one would have accepted more so far (summed
   over every earlier pass of the run) in the same cell of (own match, history match) lengths, cells

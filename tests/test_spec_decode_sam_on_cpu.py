@@ -289,3 +289,6 @@ def test_a_frozen_automaton_matches_and_drafts_like_the_growing_one_and_refuses_
         assert n == 0 or text[p - n + 1 : p + 1].tolist() == query[-n:].tolist()
     with pytest.raises(RuntimeError, match="frozen"):
         frozen.append([1])
+    with pytest.raises(RuntimeError, match="frozen"):  # appending through step() would corrupt memory
+        frozen.step(np.array([1, 2], np.int32), np.empty(4, np.int32), S.new_ctl(4))
+    assert frozen.step(np.empty(0, np.int32), np.empty(4, np.int32), S.new_ctl(4)) >= 0  # drafting still works
