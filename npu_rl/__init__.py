@@ -5,6 +5,7 @@ lives in the thin patches under ``patches/`` and calls into this package.
 """
 
 import os
+import sys
 from pathlib import Path
 
 __version__ = "0.1.0"
@@ -20,3 +21,10 @@ def cache_dir() -> Path:
         return Path(os.environ["NPU_RL_CACHE"]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "npu-rl-recipes"
+
+
+def worker_log(line: str) -> None:
+    """Print one ``[npu-rl] LINE (pid N)`` line on stderr, flushed. For code that runs inside vLLM's
+    engine-core and worker processes, which leave this package's logger without a handler (an INFO
+    record would vanish): the engine GC guard and the SAM proposer report through it."""
+    print(f"[npu-rl] {line} (pid {os.getpid()})", file=sys.stderr, flush=True)

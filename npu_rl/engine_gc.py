@@ -34,13 +34,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from npu_rl import settings
+from npu_rl import settings, worker_log
 from npu_rl.errors import NpuRlError
 
 SWITCH = "NPU_RL_ENGINE_GC"
@@ -164,14 +163,10 @@ def engine_step_gc() -> contextlib.AbstractContextManager:
         _GUARD = from_env()
         if isinstance(_GUARD, StepGC):
             # No silent no-op: the engine core's log says the guard is on, then how it collects.
-            _GUARD.report = _print_report
-            _print_report(
+            _GUARD.report = worker_log
+            worker_log(
                 f"engine GC guard on ({SWITCH}=1): automatic GC off inside engine steps; collections every "
                 f"{_GUARD.every} steps or past {_GUARD.max_gen0} young objects, "
                 f"full past +{_GUARD.full_growth:.0%} heap"
             )
     return _GUARD
-
-
-def _print_report(line: str) -> None:
-    print(f"[npu-rl] {line} (pid {os.getpid()})", file=sys.stderr, flush=True)

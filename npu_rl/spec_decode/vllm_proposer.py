@@ -18,23 +18,17 @@ unchanged.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any
 
 import numpy as np
 
+from npu_rl import worker_log
 from npu_rl.spec_decode.config import SamSettings, from_speculative_config
 from npu_rl.spec_decode.corpus import SamDrafter
 from npu_rl.spec_decode.history import ACTOR_NAMESPACE, HistoryStore, LocalHistory, RayHistory
 
 STATS_EVERY_S = 60.0  # the proposer logs its drafter's counters at most this often
-
-
-def _say(msg: str) -> None:
-    """One ``[npu-rl]`` line on stderr: vLLM's worker processes leave this package's logger without a
-    handler, so an INFO record would vanish (as the engine GC guard, the proposer prints)."""
-    print(f"[npu-rl] {msg} (pid {os.getpid()})", file=sys.stderr, flush=True)
 
 
 class SamProposer:
@@ -59,7 +53,7 @@ class SamProposer:
             history=_history(self.settings, vllm_config),
         )
         if self.drafter.history is not None:
-            _say(f"SAM history corpus: {self.drafter.history.where}, {self.settings.history_bytes >> 20} MiB")
+            worker_log(f"SAM history corpus: {self.drafter.history.where}, {self.settings.history_bytes >> 20} MiB")
         self.runner = runner
         self.steps = 0
         self.gated_steps = 0
@@ -104,7 +98,7 @@ class SamProposer:
         drafter.tick()
         if time.monotonic() - self._stats_at >= STATS_EVERY_S:
             self._stats_at = time.monotonic()
-            _say(self.stats_line())
+            worker_log(self.stats_line())
         return drafts
 
     def stats_line(self) -> str:
@@ -169,7 +163,7 @@ def _history(settings: SamSettings, vllm_config: Any = None):
         return None
     backend = getattr(getattr(vllm_config, "parallel_config", None), "distributed_executor_backend", None)
     if backend == "external_launcher":
-        _say(
+        worker_log(
             f"warning: SAM history is off (sam_history_mb={settings.history_bytes >> 20}): with "
             "distributed_executor_backend=external_launcher every rank schedules from its own drafts, and history "
             "reaches the ranks at different steps; use the mp executor (verl's) or set sam_history_mb=0"
@@ -178,7 +172,7 @@ def _history(settings: SamSettings, vllm_config: Any = None):
     why = _connect_ray()
     if why is None:
         return RayHistory(settings.history_bytes, reward_weighted=True)
-    _say(
+    worker_log(
         f"warning: SAM history: {why}, so this engine keeps an in-process store, which reaches only prompts it "
         "serves again (set RAY_ADDRESS to the cluster's address for the cluster-wide store)"
     )
