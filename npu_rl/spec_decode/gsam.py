@@ -56,15 +56,9 @@ __all__ = ["CHUNK", "GroupAutomaton", "HISTORY_RESYNC", "attach_history", "new_s
 
 CHUNK = 64  # tokens per text chunk (a stream wastes < CHUNK slots at its end)
 HISTORY_RESYNC = 256  # output tokens a running stream is matched over when a history automaton arrives
-# the history automaton is a read-only npu_rl.spec_decode.sam.SuffixAutomaton: its row offsets
-_H_NTEXT, _H_LEN, _H_LINK, _H_FIRST, _H_RECENT, _H_WALK = (
-    _flat.N_TEXT,
-    _flat.O_LEN,
-    _flat.O_LINK,
-    _flat.O_FIRST,
-    _flat.O_RECENT,
-    _flat.WALK,
-)
+# the history automaton is a frozen npu_rl.spec_decode.sam.SuffixAutomaton (SuffixAutomaton.freeze):
+# its row offsets
+_H_NTEXT, _H_LEN, _H_LINK, _H_POS = _flat.N_TEXT, _flat.O_LEN, _flat.O_LINK, _flat.O_POS
 RECENT_WALK = 8
 _MIN_CAP = 256
 
@@ -415,7 +409,9 @@ def _hadvance(new, ha, hm, st):
 
 @njit(cache=True)
 def attach_history(st, recent, ha, hm, hid):
-    """Point stream ``st`` at history automaton ``hid`` (ha, hm): its match is redone over ``recent``
+    """Point stream ``st`` at history automaton ``hid`` (ha, hm; a frozen
+    :class:`~npu_rl.spec_decode.sam.SuffixAutomaton`, as ``corpus.build_history`` makes it, since a draft
+    reads its one end position per state): its match is redone over ``recent``
     (the stream's last output tokens, at most :data:`HISTORY_RESYNC`)."""
     st[S_HID] = hid
     st[S_HSTATE] = 0
@@ -455,13 +451,9 @@ def _step(new, a, m, h, ho, st, out, kcap, ha, hm):
         return 0
     lo = max(st[S_MIN], 1)
     if st[S_HID] > 0 and st[S_HLEN] > st[S_MLEN] and st[S_HLEN] >= lo:
-        hs = st[S_HSTATE]
-        rec = ha[hm[_H_RECENT] + hs] if hm[_H_WALK] > 0 else ha[hm[_H_FIRST] + hs]
-        fst = ha[hm[_H_FIRST] + hs]
-        first, second = (fst, rec) if st[S_OCC] else (rec, fst)
-        n = _hcontinuation(ha, hm[_H_NTEXT], first, 0, k, out)
-        if n == 0 and second != first:
-            n = _hcontinuation(ha, hm[_H_NTEXT], second, 0, k, out)
+        # the state's one end position: the preferred occurrence unless no real token follows it (the
+        # frozen layout chose it, with the fallback to the other occurrence)
+        n = _hcontinuation(ha, hm[_H_NTEXT], ha[hm[_H_POS] + st[S_HSTATE]], 0, k, out)
         if n > 0:
             _keep_draft(st, out, n)
             return n

@@ -100,14 +100,14 @@ def _goto(a, m, state, tok):
         e = _find(a, m, state, tok)
         return a[m[O_DST] + e] if e >= 0 else -1
     x = a[m[O_X] + state]
-    if x >= 0:  # only the implicit edge: the token after the state's end position
-        return x if a[a[m[O_POS] + state] + 1] == tok else -1
     if x == X_NONE:
         return -1
-    j = -2 - x
-    t0 = a[m[O_XT0] + j]
-    if t0 >= 0 and a[a[m[O_POS] + state] + 1] == tok:
+    t0 = x if x >= 0 else a[m[O_XT0] - 2 - x]  # the implicit edge's target (-1: none)
+    if t0 >= 0 and a[a[m[O_POS] + state] + 1] == tok:  # the token after the state's end position
         return t0
+    if x >= 0:  # no other edge
+        return -1
+    j = -2 - x
     lo, hi = a[m[O_XOFF] + j], a[m[O_XOFF] + j + 1]  # the other edges, sorted by token
     otok = m[O_ETOK]
     while lo < hi:
