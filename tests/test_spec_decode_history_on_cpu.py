@@ -3,6 +3,8 @@ the history store's rules, the drafter's lifecycle across replicas, and the new 
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -393,7 +395,6 @@ def local_ray():
 def test_history_through_the_ray_actor_reaches_another_replica(local_ray):
     """Two drafters (replicas) share one named Ray actor store: the first one's finished output is
     drafted by the second, and no tick waits for the actor (lookups are polled)."""
-    import time
 
     from npu_rl.spec_decode.history import RayHistory
 
@@ -449,9 +450,67 @@ def test_a_spawned_engine_process_reaches_the_cluster_store_through_ray_address(
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     assert r.returncode == 0 and lines, r.stderr[-3000:]
     where, responses = json.loads(lines[-1][len("RESULT ") :])
-    assert where.startswith("Ray actor npu_rl/npu_rl_sam_history") and responses == 1
-    from npu_rl.spec_decode.history import ACTOR_NAME, ACTOR_NAMESPACE
+    assert where.startswith("Ray actor npu_rl/npu_rl_sam_history.") and responses == 1
+    from npu_rl.spec_decode.history import ACTOR_NAMESPACE
 
-    actor = ray.get_actor(ACTOR_NAME, namespace=ACTOR_NAMESPACE)  # the store outlives the process
-    assert ray.get(actor.stats.remote())["responses"] == 1
-    ray.kill(actor)
+    # the store was the engine's own (not detached): it ended with the process, as a job's store must
+    # on a long-lived cluster (the next job would otherwise inherit its history, settings and memory)
+    name = where.split()[2].split("/", 1)[1]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace=ACTOR_NAMESPACE)
+        except ValueError:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"the history actor {name} outlived the engine process that created it")
+
+
+def test_a_dead_history_actor_is_replaced_and_no_tick_raises(local_ray, capsys):
+    """The actor's owner (another engine) ends first: the drafter's next calls notice it, say so once,
+    and go on with a new store by the same name; the lookup in flight answers "no history"."""
+    from npu_rl.spec_decode.history import ACTOR_NAMESPACE, RayHistory
+
+    ray, _ = local_ray
+    d = SamDrafter(k=4, group_budget_bytes=64 << 20, history=RayHistory(64 << 20, scope="dies"))
+    first = d.history.actor
+    d.start("x", np.arange(300, 320, dtype=np.int32))
+    d.step("x", np.arange(5, dtype=np.int32))
+    ray.kill(first)
+    d.finish("x", reward=1.0)
+    d.start("y", np.arange(400, 420, dtype=np.int32))
+    deadline = time.monotonic() + 60
+    while d.history.restarts == 0 and time.monotonic() < deadline:
+        d.tick()  # sends x's output to the dead actor, polls y's lookup from it
+        time.sleep(0.01)
+    assert d.history.restarts == 1
+    assert "warning: SAM history store npu_rl/npu_rl_sam_history.dies died" in capsys.readouterr().err
+    assert d.history.actor._actor_id != first._actor_id
+    live = ray.get_actor("npu_rl_sam_history.dies", namespace=ACTOR_NAMESPACE)
+    assert live._actor_id == d.history.actor._actor_id
+    d.history.add(b"k" * 16, [1, 2, 3], 1.0)
+    assert d.history.stats()["responses"] >= 1  # the new store takes responses
+    ray.kill(live)
+
+
+def test_the_history_actor_name_is_scoped_to_the_model_and_budget():
+    """Engines of one job (same model, same sam_history_mb) share the store; another model's job on
+    the same cluster, or other history settings, get their own."""
+    from types import SimpleNamespace
+
+    from npu_rl.spec_decode.config import SamSettings
+    from npu_rl.spec_decode.vllm_proposer import _history_scope
+
+    def cfg(model):
+        return SimpleNamespace(model_config=SimpleNamespace(model=model))
+
+    s16, s32 = (
+        SamSettings(k=4, max_batch=32, group_corpus_bytes=1 << 28, min_match=1, history_bytes=mb << 20)
+        for mb in (16, 32)
+    )
+    a = _history_scope(s16, cfg("/models/Qwen3-32B"))
+    assert a == _history_scope(s16, cfg("/models/Qwen3-32B"))
+    assert (
+        len({a, _history_scope(s16, cfg("/models/Qwen3-30B-A3B")), _history_scope(s32, cfg("/models/Qwen3-32B"))}) == 3
+    )

@@ -19,7 +19,7 @@ token ids in every replica, so the key needs no plumbing through verl and vLLM's
 dataset rows with the same prompt share a history, which is what a drafter wants.
 
 Reachability across replicas (verl routes a prompt to any replica next round): :class:`RayHistory`
-is a named, detached Ray actor holding one :class:`HistoryStore` for the whole cluster, with
+is a named Ray actor holding one :class:`HistoryStore` for the whole cluster, with
 non-blocking calls (``add`` is fire-and-forget; ``prefetch`` returns a handle the engine polls with a
 zero timeout, so no engine step waits on it). Without Ray the drafter uses an in-process store
 (history then reaches only prompts served again by the same engine); the proposer logs which.
@@ -190,42 +190,90 @@ class LocalHistory:
 
 
 class RayHistory:
-    """A cluster-wide :class:`HistoryStore` in a named, detached Ray actor (get-or-create by name).
+    """A cluster-wide :class:`HistoryStore` in a named Ray actor (get-or-create by name).
 
     ``add`` buffers, :meth:`flush` (once per engine step, from the drafter's ``tick``) sends the
     buffer in one fire-and-forget call; ``prefetch`` starts one lookup for the step's new prompts
     and ``poll`` returns its answer only once it has arrived (``ray.wait`` with timeout 0), so no
-    engine step blocks on the actor. The first engine to start creates the actor with its own
-    settings; later ones reuse it.
+    engine step blocks on the actor.
+
+    Lifetime: the actor is not detached. The first engine process to start creates it and owns it,
+    later ones reuse it by name, and it dies with its owner, so it ends with the job (on a
+    long-lived cluster, a detached store would outlive the job, keep its memory, and hand its
+    history and settings to the next job). ``scope`` goes into the name (the proposer passes a
+    digest of the model and the history settings), so concurrent jobs of different models on one
+    cluster keep apart stores. When the actor dies under a running engine (its owner went first),
+    the next call logs it once and gets or creates a new one: history starts again, nothing raises.
     """
 
-    where = f"Ray actor {ACTOR_NAMESPACE}/{ACTOR_NAME} (every replica)"
-
-    def __init__(self, budget_bytes: int, max_responses: int = 16, reward_weighted: bool = True):
+    def __init__(self, budget_bytes: int, max_responses: int = 16, reward_weighted: bool = True, scope: str = ""):
         import ray
 
         self._ray = ray
-        cls = ray.remote(num_cpus=0)(HistoryStore)
-        self.actor = cls.options(
-            name=ACTOR_NAME, namespace=ACTOR_NAMESPACE, lifetime="detached", get_if_exists=True
-        ).remote(budget_bytes, max_responses, reward_weighted)
+        self.name = f"{ACTOR_NAME}.{scope}" if scope else ACTOR_NAME
+        self.where = f"Ray actor {ACTOR_NAMESPACE}/{self.name} (every replica, ends with the job)"
+        self._args = (budget_bytes, max_responses, reward_weighted)
+        self._cls = ray.remote(num_cpus=0)(HistoryStore)
+        self.restarts = 0
         self._buffer: list = []
+        self._sent = None  # the last add_many call: checked at the next flush, so a dead actor shows there too
+        self.actor = self._get_or_create()
+
+    def _get_or_create(self):
+        return self._cls.options(name=self.name, namespace=ACTOR_NAMESPACE, get_if_exists=True).remote(*self._args)
+
+    def _lost(self, err: BaseException, actor) -> None:
+        """``actor`` died (its owner, another engine, ended first): take the one by that name, or make it
+        (once per dead actor: other calls that were in flight to it fail too)."""
+        from npu_rl import worker_log
+
+        if actor is not self.actor:
+            return
+        self.restarts += 1
+        worker_log(
+            f"warning: SAM history store {ACTOR_NAMESPACE}/{self.name} died ({type(err).__name__}); "
+            f"getting or creating a new one, history starts again (restart {self.restarts})"
+        )
+        self.actor = self._get_or_create()
 
     def add(self, key: bytes, tokens, reward: float | None = None) -> None:
         self._buffer.append((key, np.ascontiguousarray(tokens, dtype=np.int32), reward))
 
     def flush(self) -> None:
+        """Send the buffered responses (one call, not waited for); the previous call's outcome is
+        checked first, without waiting, so a dead actor is noticed even while no lookup runs."""
+        if self._sent is not None and self._ray.wait([self._sent[0]], timeout=0)[0]:
+            (sent, actor), self._sent = self._sent, None
+            try:
+                self._ray.get(sent)
+            except self._ray.exceptions.RayActorError as e:
+                self._lost(e, actor)
         if self._buffer:
-            self.actor.add_many.remote(self._buffer)
+            self._sent = (self.actor.add_many.remote(self._buffer), self.actor)
             self._buffer = []
 
     def prefetch(self, keys: list[bytes]):
-        return self.actor.get_many.remote(keys, True)
+        """Start one lookup of ``keys``; the handle is for :meth:`poll`."""
+        return self.actor.get_many.remote(keys, True), len(keys), self.actor
 
     def poll(self, handle) -> list[list[tuple[bytes, np.ndarray]]] | None:
-        ready, _ = self._ray.wait([handle], timeout=0)
-        return self._ray.get(ready[0]) if ready else None
+        """The answer of :meth:`prefetch` once it has arrived, else None; no answers (one empty list per
+        key) when the actor died meanwhile."""
+        ref, n, actor = handle
+        ready, _ = self._ray.wait([ref], timeout=0)
+        if not ready:
+            return None
+        try:
+            return self._ray.get(ready[0])
+        except self._ray.exceptions.RayActorError as e:
+            self._lost(e, actor)
+            return [[] for _ in range(n)]
 
     def stats(self) -> dict:
         self.flush()
-        return self._ray.get(self.actor.stats.remote())
+        actor = self.actor
+        try:
+            return self._ray.get(actor.stats.remote())
+        except self._ray.exceptions.RayActorError as e:
+            self._lost(e, actor)
+            return self._ray.get(self.actor.stats.remote())

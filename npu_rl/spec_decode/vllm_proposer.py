@@ -17,6 +17,7 @@ unchanged.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from typing import Any
@@ -171,12 +172,20 @@ def _history(settings: SamSettings, vllm_config: Any = None):
         return None
     why = _connect_ray()
     if why is None:
-        return RayHistory(settings.history_bytes, reward_weighted=True)
+        return RayHistory(settings.history_bytes, reward_weighted=True, scope=_history_scope(settings, vllm_config))
     worker_log(
         f"warning: SAM history: {why}, so this engine keeps an in-process store, which reaches only prompts it "
         "serves again (set RAY_ADDRESS to the cluster's address for the cluster-wide store)"
     )
     return LocalHistory(HistoryStore(settings.history_bytes))
+
+
+def _history_scope(settings: SamSettings, vllm_config: Any) -> str:
+    """What the history actor's name carries so that only engines of the same job share it: a digest
+    of the served model (path or name) and the history settings (the job's engines agree on both;
+    another model's job on the same cluster gets its own store)."""
+    model = str(getattr(getattr(vllm_config, "model_config", None), "model", ""))
+    return hashlib.blake2b(f"{model}\0{settings.history_bytes}".encode(), digest_size=6).hexdigest()
 
 
 def _connect_ray() -> str | None:
