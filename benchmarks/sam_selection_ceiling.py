@@ -7,7 +7,10 @@ At each target forward pass the drafter has up to four candidate continuations:
 - ``own recent`` / ``own first``: the longest suffix of the request's text that occurred earlier in
   it, continued from its most recent / first earlier occurrence (what SAM drafts from its own text);
 - ``history recent`` / ``history first``: the longest suffix that occurs in the history, continued
-  from its latest / first occurrence there.
+  from its latest / first occurrence there;
+- and, for the rows that say so, ``engine-wide``: the longest suffix that occurs in any earlier
+  response to *any* prompt (every earlier checkpoint's and the ones before it in this checkpoint),
+  continued from its latest occurrence: the corpus of vLLM's suffix decoding (its global tree).
 
 Rules compared (tokens per forward = 1 + accepted draft tokens, greedy match against the recorded
 response, as in ``sam_replay.py``):
@@ -20,8 +23,14 @@ response, as in ``sam_replay.py``):
   over every earlier pass of the run) in the same cell of (own match, history match) lengths, cells
   by powers of two; what a pass would have accepted is judged on the tokens the pass emitted, all an
   engine knows;
-- ``oracle own/history`` and ``oracle all four``: the best candidate, known only afterwards (a
-  ceiling for any rule that picks one of these chains, not a drafter).
+- ``longest of own/history/engine-wide``: as ``longest``, the engine-wide match drafting when it
+  is longer than both (ties to own, then history);
+- ``vote over the five chains``: token by token, the token most of the candidate chains still in
+  the running propose (own recent/first, history recent/first, engine-wide; ties to the chain of
+  the longest match), the chains that disagree dropping out;
+- ``oracle own/history``, ``oracle all four`` and ``oracle own/history/engine-wide``: the best
+  candidate, known only afterwards (a ceiling for any rule that picks one of these chains, not a
+  drafter).
 
     python benchmarks/sam_selection_ceiling.py [--k 3 5 8] [--data-dir DIR]
 """
@@ -49,8 +58,11 @@ RULES = (
     "history frequent",
     "follow the leader",
     "learned by match lengths",
+    "longest of own/history/engine-wide",
+    "vote over the five chains",
     "oracle own/history",
     "oracle all four",
+    "oracle own/history/engine-wide",
 )
 
 
@@ -64,6 +76,31 @@ def _accepted(a, pos, n_text, period, truth, p, k):
     while m < n and p + m < truth.shape[0] and out[m] == truth[p + m]:
         m += 1
     return m
+
+
+@njit(cache=True)
+def _draft(a, pos, n_text, period, k):
+    """SAM's draft of up to ``k`` tokens after end position ``pos`` (as in :func:`_accepted`)."""
+    out = np.empty(max(k, 1), np.int32)
+    n = S._continuation(a, n_text, pos, period, k, out)
+    return out[:n].copy()
+
+
+def _vote(drafts: list[np.ndarray], order: list[int], k: int) -> list[int]:
+    """Token by token, the token most chains still in the running propose; ``order``: the chains by
+    priority (ties go to the earliest); a chain that disagrees with the token chosen drops out."""
+    alive = [i for i in order if len(drafts[i])]
+    chain: list[int] = []
+    for j in range(k):
+        votes: dict[int, list[int]] = {}
+        for i in alive:
+            if len(drafts[i]) > j:
+                votes.setdefault(int(drafts[i][j]), []).append(i)
+        if not votes:
+            break
+        alive = max(votes.values(), key=lambda v: (len(v), -order.index(v[0])))
+        chain.append(int(drafts[alive[0]][j]))
+    return chain
 
 
 @njit(cache=True)
@@ -104,6 +141,8 @@ def replay(rounds, k: int, rule: str) -> float:
     history: dict[int, list[np.ndarray]] = {}
     tokens = forwards = 0
     cells = np.zeros((8, 8, 2))  # (own cell, history cell) -> what own / history would have accepted
+    wide = S.SuffixAutomaton(1 << 16)  # every earlier response, any prompt (suffix decoding's global tree)
+    n_wide = 0
     for reqs in rounds:
         for r in reqs:
             hsa = S.SuffixAutomaton(1 << 12)
@@ -113,6 +152,8 @@ def replay(rounds, k: int, rule: str) -> float:
             btok, bdst = _most_frequent_next(hsa.arena, hsa.meta)
             own = S.SuffixAutomaton(1 << 12)
             own.append(r.prompt)
+            wctl = S.new_ctl(k, 1, True)
+            S._advance(np.ascontiguousarray(r.prompt, np.int32), wide.arena, wide.meta, wctl)
             ctl = S.new_ctl(k, 1, True)
             S._advance(np.ascontiguousarray(r.prompt, np.int32), hsa.arena, hsa.meta, ctl)
             truth = np.ascontiguousarray(r.truth, np.int32)
@@ -127,6 +168,7 @@ def replay(rounds, k: int, rule: str) -> float:
                 ha, hm = hsa.arena, hsa.meta
                 kk = min(k, n - p - 1)
                 c = np.zeros(4, np.int64)  # own recent, own first, history recent, history first
+                q = f = 0
                 if own_len and kk > 0:
                     q, f = int(m[S.QPOS]), int(a[m[S.O_FIRST] + t])
                     c[0] = _accepted(a, q, nt, nt - 1 - q, truth, p, kk)
@@ -134,6 +176,10 @@ def replay(rounds, k: int, rule: str) -> float:
                 if hl and kk > 0:
                     c[2] = _accepted(ha, int(ha[hm[S.O_RECENT] + hs]), int(hm[S.N_TEXT]), 0, truth, p, kk)
                     c[3] = _accepted(ha, int(ha[hm[S.O_FIRST] + hs]), int(hm[S.N_TEXT]), 0, truth, p, kk)
+                wl, ws = int(wctl[S.C_GLEN]), int(wctl[S.C_GSTATE])
+                wa, wm = wide.arena, wide.meta
+                wpos = int(wa[wm[S.O_RECENT] + ws])
+                cw = _accepted(wa, wpos, int(wm[S.N_TEXT]), 0, truth, p, kk) if wl and kk > 0 else 0
                 base = 0 if own_len >= hl else 2
                 if rule == "longest":
                     acc = c[base]
@@ -149,10 +195,30 @@ def replay(rounds, k: int, rule: str) -> float:
                 elif rule == "learned by match lengths":
                     w = cells[_cell(own_len), _cell(hl)]
                     acc = c[base] if not (own_len and hl) or w[0] == w[1] else c[0 if w[0] > w[1] else 2]
+                elif rule == "longest of own/history/engine-wide":
+                    acc = c[base] if max(own_len, hl) >= wl else cw
+                elif rule == "vote over the five chains":
+                    chains = [np.empty(0, np.int32)] * 5
+                    if own_len and kk > 0:
+                        chains[0] = _draft(a, q, nt, nt - 1 - q, kk)
+                        chains[1] = _draft(a, f, nt, nt - 1 - f, kk)
+                    if hl and kk > 0:
+                        chains[2] = _draft(ha, int(ha[hm[S.O_RECENT] + hs]), int(hm[S.N_TEXT]), 0, kk)
+                        chains[3] = _draft(ha, int(ha[hm[S.O_FIRST] + hs]), int(hm[S.N_TEXT]), 0, kk)
+                    if wl and kk > 0:
+                        chains[4] = _draft(wa, wpos, int(wm[S.N_TEXT]), 0, kk)
+                    lens = (own_len, own_len, hl, hl, wl)
+                    order = sorted(range(5), key=lambda i: (-lens[i], i))
+                    chain = _vote(chains, order, kk) if kk > 0 else []
+                    acc = 0
+                    while acc < len(chain) and chain[acc] == truth[p + acc]:
+                        acc += 1
                 elif rule == "oracle own/history":
                     acc = max(c[0], c[2])
-                else:
+                elif rule == "oracle all four":
                     acc = c.max()
+                else:
+                    acc = max(c[0], c[2], cw)
                 step = int(acc) + 1
                 last = np.minimum(c, step).astype(float)  # what each candidate would have accepted
                 if own_len and hl:
@@ -160,9 +226,13 @@ def replay(rounds, k: int, rule: str) -> float:
                 new = truth[p : p + step]
                 own.append(new)
                 S._advance(new, ha, hm, ctl)
+                S._advance(new, wide.arena, wide.meta, wctl)
                 p += step
                 forwards += 1
             tokens += n
+            wide.append(truth)  # finished: every later request sees it, whatever its prompt
+            n_wide += 1
+            wide.append([-n_wide])
         for r in reqs:
             history.setdefault(r.group_key, []).append(np.ascontiguousarray(r.truth, np.int32))
     return tokens / forwards

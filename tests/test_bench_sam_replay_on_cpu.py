@@ -215,7 +215,15 @@ def test_selection_ceiling_rules_on_a_repeated_answer():
     assert got["oracle all four"] == pytest.approx(42 / (passes_c0 + 5))
     assert got["longest"] > alone
     assert got["oracle all four"] >= got["oracle own/history"] >= got["longest"]
-    assert got["oracle all four"] >= max(got.values()) - 1e-12
+    four = [r for r in C.RULES if "engine-wide" not in r and "five" not in r]  # rules over the four chains
+    assert got["oracle all four"] >= max(got[r] for r in four) - 1e-12
+    assert got["oracle own/history/engine-wide"] >= got["oracle own/history"] - 1e-12
+    assert got["oracle own/history/engine-wide"] >= got["longest of own/history/engine-wide"] - 1e-12
+    # ANS first answered another prompt: no history for c1, but the engine-wide corpus has it
+    other = Request("o0", 1, PROMPT[::-1].copy(), ANS, False, 1.0)
+    cold = [[other], [Request("c1", 0, PROMPT, ANS, False, 1.0)]]
+    assert C.replay(cold, 4, "longest of own/history/engine-wide") > C.replay(cold, 4, "longest")
+    assert C.replay(cold, 4, "oracle own/history") == C.replay(cold, 4, "longest")
 
 
 def test_the_doc_tables_are_the_results_file_printed_again(capsys):
