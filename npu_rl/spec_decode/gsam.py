@@ -72,8 +72,10 @@ DEFAULT_RESERVE = 1 << 21  # tokens of address space reserved per group (touched
 N_CHUNKS, N_STATES, N_EDGES, NEED_E, DONE, GEN, N_TOKENS, NEED_H, CHO, MIG = range(10)
 CT, CS, CE, CH = range(10, 14)
 O_NEXTCH, O_LEN, O_LINK, O_RECENT, O_FIRST, O_HEAD, O_SRC, O_TOK, O_DST, O_NEXT = range(14, 24)
-_META = 24
-_STATE_ROWS = (O_LEN, O_LINK, O_RECENT, O_FIRST, O_HEAD)
+O_X = 24  # per state: target of its implicit edge (-1: none yet), see _itok
+N_IMPLICIT = 25  # states whose implicit edge is set (edges = N_EDGES + N_IMPLICIT)
+_META = 26
+_STATE_ROWS = (O_LEN, O_LINK, O_RECENT, O_FIRST, O_X, O_HEAD)
 _EDGE_ROWS = (O_SRC, O_TOK, O_DST, O_NEXT)
 
 # stream ctl fields
@@ -134,6 +136,35 @@ def _find(a, m, h, ho, state, tok):
 
 
 @njit(cache=True, inline="always")
+def _itok(a, m, s):
+    """Token of state ``s``'s implicit edge: the one after its first end position (-1: not written yet,
+    or the root). Every string of ``s`` occurs ending there, so the edge on that token exists once
+    it is written; its target is kept in the state's X row instead of an edge row and a hash slot."""
+    f = a[m[O_FIRST] + s]
+    if f < 0:
+        return -1
+    q = f + 1
+    if q % CHUNK == 0:
+        q = a[m[O_NEXTCH] + f // CHUNK]
+        if q < 0:
+            return -1
+        q *= CHUNK
+    return a[q]
+
+
+@njit(cache=True)
+def _goto(a, m, h, ho, s, c):
+    """Target of the transition of state ``s`` on token ``c`` (>= 0), or -1: the implicit edge when
+    ``c`` is its token and it is set, else the hashed edges (an edge added before its state's
+    implicit token was written stays there)."""
+    x = a[m[O_X] + s]
+    if x >= 0 and _itok(a, m, s) == c:
+        return x
+    e = _find(a, m, h, ho, s, c)
+    return a[m[O_DST] + e] if e >= 0 else -1
+
+
+@njit(cache=True, inline="always")
 def _hash_put(a, m, h, e):
     mask = h.shape[0] - 1
     i = _slot(a[m[O_SRC] + e], a[m[O_TOK] + e], mask)
@@ -158,6 +189,12 @@ def _migrate(a, m, h, ho, n):
 
 @njit(cache=True)
 def _add_edge(a, m, h, ho, state, tok, dst):
+    """Add the transition (state, tok) -> dst, which must not exist: as the implicit edge when ``tok``
+    is the state's implicit token, else an edge row and a hash slot."""
+    if a[m[O_X] + state] < 0 and tok == _itok(a, m, state):
+        a[m[O_X] + state] = dst
+        m[N_IMPLICIT] += 1
+        return
     e = m[N_EDGES]
     m[N_EDGES] = e + 1
     a[m[O_SRC] + e] = state
@@ -178,6 +215,7 @@ def _new_state(a, m, length, link, pos):
     a[m[O_LINK] + s] = link
     a[m[O_RECENT] + s] = pos
     a[m[O_FIRST] + s] = pos
+    a[m[O_X] + s] = -1
     a[m[O_HEAD] + s] = -1
     return s
 
@@ -187,16 +225,24 @@ def _clone(a, m, h, ho, p, q, c):
     """Split q: a clone with len(p) + 1 takes q's shorter strings; redirect p's chain from q."""
     cl = _new_state(a, m, a[m[O_LEN] + p] + 1, a[m[O_LINK] + q], a[m[O_FIRST] + q])
     a[m[O_RECENT] + cl] = a[m[O_RECENT] + q]
+    if a[m[O_X] + q] >= 0:  # same first end position, so the same implicit token
+        a[m[O_X] + cl] = a[m[O_X] + q]
+        m[N_IMPLICIT] += 1
     eq = a[m[O_HEAD] + q]
     while eq >= 0:
         _add_edge(a, m, h, ho, cl, a[m[O_TOK] + eq], a[m[O_DST] + eq])
         eq = a[m[O_NEXT] + eq]
-    odst, olk = m[O_DST], m[O_LINK]
+    odst, olk, ox = m[O_DST], m[O_LINK], m[O_X]
     while p >= 0:
-        e = _find(a, m, h, ho, p, c)
-        if e < 0 or a[odst + e] != q:
-            break
-        a[odst + e] = cl
+        if a[ox + p] >= 0 and _itok(a, m, p) == c:
+            if a[ox + p] != q:
+                break
+            a[ox + p] = cl
+        else:
+            e = _find(a, m, h, ho, p, c)
+            if e < 0 or a[odst + e] != q:
+                break
+            a[odst + e] = cl
         p = a[olk + p]
     a[olk + q] = cl
     return cl
@@ -204,6 +250,7 @@ def _clone(a, m, h, ho, p, q, c):
 
 @njit(cache=True)
 def _degree(a, m, s):
+    """Edge rows of state ``s`` (its implicit edge has none)."""
     d = 0
     e = a[m[O_HEAD] + s]
     while e >= 0:
@@ -223,28 +270,28 @@ def _extend(new, a, m, h, ho, st):
         # exact need first: states, edges, a chunk (the walk's end is kept for the extension below)
         add_e = 0
         add_s = 1
-        e0 = _find(a, m, h, ho, last, c)
+        q0 = _goto(a, m, h, ho, last, c)
         p_stop = -1
-        e_stop = -1
-        if e0 >= 0:
-            q = a[m[O_DST] + e0]
+        q_stop = -1
+        if q0 >= 0:
+            q = q0
             if a[olen + last] + 1 == a[olen + q]:
                 add_s = 0
             else:
                 add_e = _degree(a, m, q)
         else:
             p = last
-            e = -1
+            t = -1
             while p >= 0:
-                e = _find(a, m, h, ho, p, c)
-                if e >= 0:
+                t = _goto(a, m, h, ho, p, c)
+                if t >= 0:
                     break
                 add_e += 1
                 p = a[olk + p]
             p_stop = p
-            e_stop = e
+            q_stop = t
             if p >= 0:
-                q = a[m[O_DST] + e]
+                q = t
                 if a[olen + p] + 1 != a[olen + q]:
                     add_s = 2
                     add_e += _degree(a, m, q)
@@ -284,8 +331,8 @@ def _extend(new, a, m, h, ho, st):
             st[S_START] = i
         m[N_TOKENS] += 1
         # extend the automaton
-        if e0 >= 0:  # the stream's new text already occurs in the group
-            q = a[m[O_DST] + e0]
+        if q0 >= 0:  # the stream's new text already occurs in the group
+            q = q0
             if a[olen + last] + 1 == a[olen + q]:
                 cur = q
             else:
@@ -298,7 +345,7 @@ def _extend(new, a, m, h, ho, st):
                 _add_edge(a, m, h, ho, p, c, cur)
                 p = a[olk + p]
             if p >= 0:
-                q = a[m[O_DST] + e_stop]
+                q = q_stop
                 if a[olen + p] + 1 == a[olen + q]:
                     a[olk + cur] = q
                 else:
@@ -567,7 +614,7 @@ class GroupAutomaton:
         m, a = self.meta, self.arena
         a[m[O_LINK]] = -1
         a[m[O_RECENT]] = a[m[O_FIRST]] = -1
-        a[m[O_HEAD]] = -1
+        a[m[O_X]] = a[m[O_HEAD]] = -1
         m[N_STATES] = 1
         m[MIG] = -1
         self.grows = 0
@@ -645,6 +692,12 @@ class GroupAutomaton:
 
     @property
     def num_edges(self) -> int:
+        """Transitions: implicit ones (no edge row) plus the hashed ones."""
+        return int(self.meta[N_EDGES] + self.meta[N_IMPLICIT])
+
+    @property
+    def num_hashed_edges(self) -> int:
+        """Transitions with an edge row and a hash slot (not a state's implicit edge)."""
         return int(self.meta[N_EDGES])
 
     @property
@@ -662,7 +715,8 @@ class GroupAutomaton:
         m = self.meta
         n_ch = int(m[N_CHUNKS])
         hashes = self.h.nbytes + (self.ho.nbytes if self.ho.shape[0] > 1 else 0)
-        return 4 * (n_ch * (CHUNK + 1) + 5 * int(m[N_STATES]) + 4 * int(m[N_EDGES])) + hashes
+        rows = len(_STATE_ROWS) * int(m[N_STATES]) + len(_EDGE_ROWS) * int(m[N_EDGES])
+        return 4 * (n_ch * (CHUNK + 1) + rows) + hashes
 
     @property
     def reserved_bytes(self) -> int:
