@@ -85,6 +85,10 @@ def test_one_stream_equals_the_issue6_automaton_through_hash_migrations():
     assert g.hash_grows >= 3 and g.grows >= 1
     assert d.requests["r"].group.gsam.grows == g.grows
     assert g.num_tokens == len(text)
+    # one stream writes the token after a state's first end position before any edge leaves the
+    # state, so every state but the root and the last holds its implicit edge, and only the other
+    # transitions are hashed
+    assert g.num_edges - g.num_hashed_edges == g.num_states - 2
 
 
 def test_live_sibling_drafts_the_step_after_it_was_written():

@@ -20,14 +20,20 @@ committed only as written and never copied below ``reserve_tokens``; past that i
 
 - ``TEXT``: token slots in chunks of :data:`CHUNK`; a stream owns a chain of chunks (``NEXTCH``), a
   global position is ``chunk * CHUNK + offset``; unwritten slots hold -1, which ends a draft;
-- per state ``LEN, LINK, RECENT, FIRST, HEAD``; per edge ``SRC, TOK, DST, NEXT``;
+- per state ``LEN, LINK, RECENT, FIRST, X, HEAD``; per edge ``SRC, TOK, DST, NEXT``;
 - the hash table (a separate array; linear probing, load <= 3/4) from (state, token) to edge + 1
   (0 = empty); it grows by incremental migration (:data:`MIGRATE_PER_EDGE`), never in one stall.
 
-Memory in use (bench_sam_history.py, Qwen3 tokens): about 65 B per token on MATH maj8 groups, 90 B
-on Sky-T1 long-CoT groups; the issue-6 layout measured 92-93 B in use and 121-127 B allocated on the
-same runs. RECENT is the latest occurrence; when its continuation is still unwritten (a live
-sibling's last token), the draft falls back to FIRST.
+Implicit edges: every string of a state occurs ending at its FIRST position, so the state has a
+transition on the token written after it (:func:`_itok`). That transition keeps only its target, in
+``X``, with no edge row and no hash slot; the other transitions are hashed. An edge added while the
+state's implicit token is still unwritten (a live sibling's last token) stays hashed, so a lookup
+(:func:`_goto`) takes ``X`` when the token is the implicit one and ``X`` is set, else the hash.
+Measured (bench_sam_history.py ``--sections steps``, Qwen3 tokens): 1.20 states and 1.42 transitions
+per token on MATH maj8 groups, 0.22 of them hashed; 1.52 and 2.01 on Sky-T1 long-CoT groups, 0.49
+hashed. Memory in use: 39 B per token on MATH, 53 B on Sky-T1 (all edges hashed: 65 and 90 B; the
+issue-6 layout: 92-93 B in use, 121-127 B allocated). RECENT is the latest occurrence; when its
+continuation is still unwritten (a live sibling's last token), the draft falls back to FIRST.
 
 History (earlier rounds' responses of the prompt) is not inserted here: it comes as a read-only,
 frozen :class:`~npu_rl.spec_decode.sam.SuffixAutomaton` built off the engine step
