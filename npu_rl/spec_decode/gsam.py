@@ -197,7 +197,7 @@ def _migrate(a, m, h, ho, n):
 def _add_edge(a, m, h, ho, state, tok, dst):
     """Add the transition (state, tok) -> dst, which must not exist: as the implicit edge when ``tok``
     is the state's implicit token, else an edge row and a hash slot."""
-    if a[m[O_X] + state] < 0 and tok == _itok(a, m, state):
+    if tok >= 0 and a[m[O_X] + state] < 0 and tok == _itok(a, m, state):  # -1 is also "unwritten"
         a[m[O_X] + state] = dst
         m[N_IMPLICIT] += 1
         return

@@ -248,6 +248,10 @@ class RayHistory:
                 self._ray.get(sent)
             except self._ray.exceptions.RayActorError as e:
                 self._lost(e, actor)
+            except self._ray.exceptions.RayError as e:  # the batch is lost; the engine step goes on
+                from npu_rl import worker_log
+
+                worker_log(f"warning: SAM history store {ACTOR_NAMESPACE}/{self.name}: a send failed ({e!r:.200})")
         if self._buffer:
             self._sent = (self.actor.add_many.remote(self._buffer), self.actor)
             self._buffer = []
