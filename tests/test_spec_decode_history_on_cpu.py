@@ -473,7 +473,8 @@ def test_a_spawned_engine_process_reaches_the_cluster_store_through_ray_address(
 
 def test_a_dead_history_actor_is_replaced_and_no_tick_raises(local_ray, capsys):
     """The actor's owner (another engine) ends first: the drafter's next calls notice it, say so once,
-    and go on with a new store by the same name; the lookup in flight answers "no history"."""
+    and go on with a new store by the same name; the lookup in flight answers "no history", and the
+    response sent to the dead store reaches the new one."""
     from npu_rl.spec_decode.history import ACTOR_NAMESPACE, RayHistory
 
     ray, _ = local_ray
@@ -485,17 +486,43 @@ def test_a_dead_history_actor_is_replaced_and_no_tick_raises(local_ray, capsys):
     d.finish("x", reward=1.0)
     d.start("y", np.arange(400, 420, dtype=np.int32))
     deadline = time.monotonic() + 60
-    while d.history.restarts == 0 and time.monotonic() < deadline:
-        d.tick()  # sends x's output to the dead actor, polls y's lookup from it
+    while (d.history.restarts == 0 or d.history._pending) and time.monotonic() < deadline:
+        d.tick()  # sends x's output to the dead actor, polls y's lookup from it, then re-sends x's output
         time.sleep(0.01)
     assert d.history.restarts == 1
-    assert "warning: SAM history store npu_rl/npu_rl_sam_history.dies died" in capsys.readouterr().err
+    assert "warning: SAM history store npu_rl/npu_rl_sam_history.dies: died" in capsys.readouterr().err
     assert d.history.actor._actor_id != first._actor_id
     live = ray.get_actor("npu_rl_sam_history.dies", namespace=ACTOR_NAMESPACE)
     assert live._actor_id == d.history.actor._actor_id
+    stats = d.history.stats()
+    assert (stats["responses"], stats["restarts"], stats["lost_responses"]) == (1, 1, 0)  # x's output, re-sent
     d.history.add(b"k" * 16, [1, 2, 3], 1.0)
-    assert d.history.stats()["responses"] >= 1  # the new store takes responses
+    assert d.history.stats()["responses"] == 2  # the new store takes responses
     ray.kill(live)
+
+
+def test_history_call_failures_are_sorted_by_what_ray_says(local_ray, capsys):
+    """Which failures of a call to the store are worth trying again: an unreachable actor (no
+    restart), a dead one (replaced once, whichever call notices first); a task that raised is not."""
+    from ray import exceptions as exc
+
+    from npu_rl.spec_decode.history import RayHistory
+
+    ray, _ = local_ray
+    h = RayHistory(1 << 20, scope="sorts")
+    first = h.actor
+    assert h._failed(exc.ActorUnavailableError("node unreachable", None), first)
+    assert (h.restarts, h.unavailable, h.actor) == (0, 1, first)
+    assert not h._failed(exc.OutOfMemoryError("task killed"), first)
+    assert (h.restarts, h.actor) == (0, first)
+    ray.kill(first)
+    assert h._failed(exc.ActorDiedError(), first)
+    assert h.restarts == 1 and h.actor is not first
+    assert h._failed(exc.ActorDiedError(), first)  # a second call to the same dead actor: no second restart
+    assert h.restarts == 1
+    err = capsys.readouterr().err
+    assert err.count("sorts: unreachable (") == 1 and err.count(": died (ActorDiedError)") == 1
+    ray.kill(h.actor)
 
 
 def test_the_history_actor_name_is_scoped_to_the_model_and_budget():

@@ -32,6 +32,7 @@ import hashlib
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -202,9 +203,24 @@ class RayHistory:
     long-lived cluster, a detached store would outlive the job, keep its memory, and hand its
     history and settings to the next job). ``scope`` goes into the name (the proposer passes a
     digest of the model and the history settings), so concurrent jobs of different models on one
-    cluster keep apart stores. When the actor dies under a running engine (its owner went first),
-    the next call logs it once and gets or creates a new one: history starts again, nothing raises.
+    cluster keep apart stores (two concurrent jobs of the same model and budget share one).
+
+    Failures never raise into the engine step:
+
+    - the actor died (``ActorDiedError``, or any other ``RayActorError``; its owner went first): the
+      first call to notice logs it once and gets or creates the actor of that name (history starts
+      again); the sends that had not been stored go to the new actor, the lookups in flight answer
+      "no history";
+    - the actor is unreachable for a while (``ActorUnavailableError``: the call may or may not have
+      run): no restart; a send is tried again at the next flush, at most :data:`SEND_TRIES` times
+      in all (the store keeps one copy of a response sent twice), a lookup answers "no history";
+    - any other failure of a send (the actor's task raised, out of memory): logged, that batch lost.
+
+    At most :data:`MAX_PENDING` sends are tracked; older ones are sent but no longer checked.
     """
+
+    SEND_TRIES = 3
+    MAX_PENDING = 64
 
     def __init__(self, budget_bytes: int, max_responses: int = 16, reward_weighted: bool = True, scope: str = ""):
         import ray
@@ -214,47 +230,79 @@ class RayHistory:
         self.where = f"Ray actor {ACTOR_NAMESPACE}/{self.name} (every replica, ends with the job)"
         self._args = (budget_bytes, max_responses, reward_weighted)
         self._cls = ray.remote(num_cpus=0)(HistoryStore)
-        self.restarts = 0
+        self.restarts = 0  # deaths noticed (each one replaced the actor)
+        self.unavailable = 0  # calls that failed with ActorUnavailableError
+        self.lost_responses = 0  # responses sent but never stored (tries spent, or the send failed)
         self._buffer: list = []
-        self._sent = None  # the last add_many call: checked at the next flush, so a dead actor shows there too
+        # sends not yet seen to succeed: (ref, actor it went to, the batch, tries so far)
+        self._pending: list[tuple[Any, Any, list, int]] = []
         self.actor = self._get_or_create()
 
     def _get_or_create(self):
         return self._cls.options(name=self.name, namespace=ACTOR_NAMESPACE, get_if_exists=True).remote(*self._args)
 
-    def _lost(self, err: BaseException, actor) -> None:
-        """``actor`` died (its owner, another engine, ended first): take the one by that name, or make it
-        (once per dead actor: other calls that were in flight to it fail too)."""
+    def _warn(self, what: str) -> None:
         from npu_rl import worker_log
 
-        if actor is not self.actor:
-            return
-        self.restarts += 1
-        worker_log(
-            f"warning: SAM history store {ACTOR_NAMESPACE}/{self.name} died ({type(err).__name__}); "
-            f"getting or creating a new one, history starts again (restart {self.restarts})"
-        )
-        self.actor = self._get_or_create()
+        worker_log(f"warning: SAM history store {ACTOR_NAMESPACE}/{self.name}: {what}")
+
+    def _failed(self, err: BaseException, actor) -> bool:
+        """Account for a call to ``actor`` that raised ``err`` (a ``RayError``); True when the call is
+        worth trying again (the actor was unreachable, or it died and has been replaced)."""
+        exc = self._ray.exceptions
+        if isinstance(err, exc.ActorUnavailableError):
+            self.unavailable += 1
+            if self.unavailable == 1 or self.unavailable % 1000 == 0:
+                self._warn(f"unreachable ({err!r:.200}); calls are tried again (seen {self.unavailable} times)")
+            return True
+        if isinstance(err, exc.RayActorError):
+            if actor is self.actor:  # first to notice this death (other calls in flight to it fail too)
+                self.restarts += 1
+                self._warn(
+                    f"died ({type(err).__name__}); getting or creating a new one, history starts again "
+                    f"(restart {self.restarts})"
+                )
+                self.actor = self._get_or_create()
+            return True
+        return False
 
     def add(self, key: bytes, tokens, reward: float | None = None) -> None:
         self._buffer.append((key, np.ascontiguousarray(tokens, dtype=np.int32), reward))
 
     def flush(self) -> None:
-        """Send the buffered responses (one call, not waited for); the previous call's outcome is
-        checked first, without waiting, so a dead actor is noticed even while no lookup runs."""
-        if self._sent is not None and self._ray.wait([self._sent[0]], timeout=0)[0]:
-            (sent, actor), self._sent = self._sent, None
-            try:
-                self._ray.get(sent)
-            except self._ray.exceptions.RayActorError as e:
-                self._lost(e, actor)
-            except self._ray.exceptions.RayError as e:  # the batch is lost; the engine step goes on
-                from npu_rl import worker_log
-
-                worker_log(f"warning: SAM history store {ACTOR_NAMESPACE}/{self.name}: a send failed ({e!r:.200})")
+        """Send the buffered responses (one call, not waited for). The earlier sends that have
+        completed are checked first, without waiting: a failed one is sent again (see the class
+        docstring), so a dead actor is noticed even while no lookup runs."""
+        ray = self._ray
+        again = []
+        if self._pending:
+            refs = [p[0] for p in self._pending]
+            done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
+            if done:
+                still = []
+                for ref, actor, batch, tries in self._pending:
+                    if ref not in done:
+                        still.append((ref, actor, batch, tries))
+                        continue
+                    try:
+                        ray.get(ref)
+                    except ray.exceptions.RayError as e:
+                        if self._failed(e, actor) and tries < self.SEND_TRIES:
+                            again.append((batch, tries))
+                        else:
+                            self.lost_responses += len(batch)
+                            self._warn(f"{len(batch)} responses not stored after {tries} sends ({e!r:.200})")
+                self._pending = still
+        for batch, tries in again:
+            self._send(batch, tries + 1)
         if self._buffer:
-            self._sent = (self.actor.add_many.remote(self._buffer), self.actor)
+            self._send(self._buffer, 1)
             self._buffer = []
+
+    def _send(self, batch: list, tries: int) -> None:
+        self._pending.append((self.actor.add_many.remote(batch), self.actor, batch, tries))
+        if len(self._pending) > self.MAX_PENDING:
+            self._pending.pop(0)
 
     def prefetch(self, keys: list[bytes]):
         """Start one lookup of ``keys``; the handle is for :meth:`poll`."""
@@ -262,22 +310,28 @@ class RayHistory:
 
     def poll(self, handle) -> list[list[tuple[bytes, np.ndarray]]] | None:
         """The answer of :meth:`prefetch` once it has arrived, else None; no answers (one empty list per
-        key) when the actor died meanwhile."""
+        key) when the call failed (the actor died or was unreachable meanwhile)."""
         ref, n, actor = handle
         ready, _ = self._ray.wait([ref], timeout=0)
         if not ready:
             return None
         try:
             return self._ray.get(ready[0])
-        except self._ray.exceptions.RayActorError as e:
-            self._lost(e, actor)
+        except self._ray.exceptions.RayError as e:
+            if not self._failed(e, actor):
+                self._warn(f"a lookup failed ({e!r:.200})")
             return [[] for _ in range(n)]
 
     def stats(self) -> dict:
+        """The store's :meth:`HistoryStore.stats` (blocks on the actor; for logs and tests, not the
+        engine step), plus this client's ``restarts``, ``unavailable`` and ``lost_responses``."""
         self.flush()
-        actor = self.actor
-        try:
-            return self._ray.get(actor.stats.remote())
-        except self._ray.exceptions.RayActorError as e:
-            self._lost(e, actor)
-            return self._ray.get(self.actor.stats.remote())
+        mine = {"restarts": self.restarts, "unavailable": self.unavailable, "lost_responses": self.lost_responses}
+        for _ in range(self.SEND_TRIES):
+            actor = self.actor
+            try:
+                return {**self._ray.get(actor.stats.remote()), **mine}
+            except self._ray.exceptions.RayError as e:
+                if not self._failed(e, actor):
+                    raise
+        return {**self._ray.get(self.actor.stats.remote()), **mine}
