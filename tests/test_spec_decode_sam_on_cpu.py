@@ -292,3 +292,51 @@ def test_a_frozen_automaton_matches_and_drafts_like_the_growing_one_and_refuses_
     with pytest.raises(RuntimeError, match="frozen"):  # appending through step() would corrupt memory
         frozen.step(np.array([1, 2], np.int32), np.empty(4, np.int32), S.new_ctl(4))
     assert frozen.step(np.empty(0, np.int32), np.empty(4, np.int32), S.new_ctl(4)) >= 0  # drafting still works
+
+
+def test_a_change_to_sam_py_alone_recompiles_the_group_automaton(tmp_path):
+    """numba's on-disk cache keys a function on its own file's content; gsam.py's compiled functions
+    inline sam.py's, so an edit to sam.py alone (a git pull, a patch) must not load gsam's stale
+    machine code. A copy of the package drafts from history (sam._continuation inside gsam._step),
+    then sam._continuation is edited and the same script must draft differently; the unchanged
+    second run must come from the cache (or the test would prove nothing)."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from npu_rl import REPO_ROOT
+
+    shutil.copytree(REPO_ROOT / "npu_rl", tmp_path / "npu_rl", ignore=shutil.ignore_patterns("__pycache__"))
+    script = tmp_path / "draft.py"
+    script.write_text(
+        "import json\n"
+        "import numpy as np\n"
+        "from npu_rl.spec_decode import gsam\n"
+        "from npu_rl.spec_decode.corpus import SamDrafter\n"
+        "from npu_rl.spec_decode.history import HistoryStore, LocalHistory\n"
+        "store = HistoryStore(1 << 20)\n"
+        "prompt = np.arange(8, dtype=np.int32)\n"
+        "a = SamDrafter(4, group_budget_bytes=1 << 20, history=LocalHistory(store))\n"
+        "a.start('a', prompt); a.step('a', np.arange(100, 140, dtype=np.int32)); a.finish('a'); a.tick()\n"
+        "b = SamDrafter(4, group_budget_bytes=1 << 20, history=LocalHistory(store), history_build='inline')\n"
+        "b.start('b', prompt); b.step('b', np.array([100, 101], np.int32)); b.tick()\n"
+        "draft = b.step('b', np.array([102], np.int32)).tolist()\n"
+        "print('RESULT ' + json.dumps([draft, sum(gsam._step.stats.cache_hits.values())]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"} | {"PYTHONPATH": str(tmp_path)}
+
+    def run():
+        r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert r.returncode == 0 and lines, r.stderr[-3000:]
+        return tuple(json.loads(lines[-1][len("RESULT ") :]))
+
+    assert run() == ([103, 104, 105, 106], 0)  # compiled
+    assert run() == ([103, 104, 105, 106], 1)  # loaded from the cache
+    sam_py = tmp_path / "npu_rl" / "spec_decode" / "sam.py"
+    text = sam_py.read_text()
+    assert text.count("        out[n] = tok\n") == 1
+    sam_py.write_text(text.replace("        out[n] = tok\n", "        out[n] = tok + 1000\n"))
+    assert run() == ([1103, 1104, 1105, 1106], 0)  # recompiled with the new sam.py

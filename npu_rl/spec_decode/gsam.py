@@ -738,3 +738,27 @@ class GroupAutomaton:
 _NO_OUT = np.empty(0, np.int32)
 _EMPTY_HASH = np.zeros(1, np.int32)
 NO_HISTORY = _flat.SuffixAutomaton(64)  # passed to _step while no history automaton is attached
+
+
+def _key_cache_on_sam_source() -> None:
+    """numba keys a cached function on its own file's content only, and gsam's compiled functions
+    inline sam.py's (``_continuation``, ``_goto``, constants): after an edit to sam.py alone, numba
+    would load gsam's stale machine code. Each gsam cache index is therefore stamped with sam.py's
+    content too, so such an edit recompiles gsam. (numba's cache internals, pinned numba 0.68; if
+    they change, gsam's functions are compiled afresh in every process instead of risking stale code.)"""
+    import hashlib
+
+    with open(_flat.__file__, "rb") as f:
+        sam_digest = hashlib.blake2b(f.read(), digest_size=16).hexdigest()
+    for fn in list(globals().values()):
+        cache = getattr(fn, "_cache", None)  # a numba dispatcher's FunctionCache (NullCache: not cached)
+        index = getattr(cache, "_cache_file", None)
+        if index is None:
+            continue
+        if hasattr(index, "_source_stamp"):
+            index._source_stamp = (index._source_stamp, sam_digest)
+        else:
+            cache.disable()
+
+
+_key_cache_on_sam_source()
