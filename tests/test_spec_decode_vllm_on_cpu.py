@@ -263,3 +263,62 @@ def test_patched_vllm_ascend_dispatches_sam(stub_torch_npu, monkeypatch):
     assert speculative_enable_dispatch_gmm_combine_decode(
         SimpleNamespace(speculative_config=SimpleNamespace(method="sam"))
     )
+
+
+def test_only_the_rank_whose_drafts_vllm_takes_runs_the_drafter(tmp_path):
+    """Two vLLM tensor-parallel ranks (real ``vllm.distributed`` groups over gloo, one process each)
+    under the mp executor: rank 0, the one ``MultiprocExecutor`` takes drafts from, drafts; rank 1
+    keeps no drafter and returns empty drafts. The same ranks with external_launcher (every rank
+    schedules from its own drafts) both draft."""
+    import json
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import json, sys\n"
+        "from types import SimpleNamespace\n"
+        "from vllm.distributed import parallel_state as ps\n"
+        "rank, port = int(sys.argv[1]), sys.argv[2]\n"
+        "ps.init_distributed_environment(world_size=2, rank=rank, local_rank=rank, backend='gloo',\n"
+        "                                distributed_init_method=f'tcp://127.0.0.1:{port}')\n"
+        "from vllm.config import VllmConfig, set_current_vllm_config\n"
+        "with set_current_vllm_config(VllmConfig()):\n"
+        "    ps.initialize_model_parallel(tensor_model_parallel_size=2, backend='gloo')\n"
+        "from tests.test_spec_decode_vllm_on_cpu import PROMPT, SamProposer, add, new_batch, step, vllm_config\n"
+        "out = {}\n"
+        "for backend in ('mp', 'external_launcher'):\n"
+        "    cfg = vllm_config(sam_batch_size_threshold=1)\n"
+        "    cfg.parallel_config = SimpleNamespace(distributed_executor_backend=backend)\n"
+        "    p = SamProposer(cfg)\n"
+        "    batch = new_batch()\n"
+        "    add(batch, 'a', PROMPT)\n"
+        "    out[backend] = [p.drafter is not None, step(p, batch, [[12]]), p.nbytes > 0, p.stats_line()]\n"
+        "print('RESULT ' + json.dumps(out))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(r), str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for r in (0, 1)
+    ]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        assert proc.returncode == 0 and lines, err[-3000:]
+        results.append(json.loads(lines[-1][len("RESULT ") :]))
+    (on, drafts0, mem0, _), (off, drafts1, mem1, line1) = results[0]["mp"], results[1]["mp"]
+    assert (on, drafts0, mem0) == (True, [[13, 14, 10]], True)
+    assert (off, drafts1, mem1) == (False, [[]], False)
+    assert "off on this rank" in line1 and "TP rank 1" in line1
+    for r in results:
+        assert r["external_launcher"][:3] == [True, [[13, 14, 10]], True]

@@ -46,6 +46,16 @@ class SamProposer:
         self.settings: SamSettings = from_speculative_config(spec)
         self.num_speculative_tokens = self.settings.k
         self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self.runner = runner
+        self.steps = 0
+        self.gated_steps = 0
+        self._stats_at = time.monotonic()
+        # a rank whose drafts vLLM drops keeps no drafter: no host memory, CPU or history traffic
+        self.idle_why = _drafts_unused_here(vllm_config)
+        self.drafter: SamDrafter | None = None
+        if self.idle_why is not None:
+            worker_log(f"SAM drafter: off on this rank: {self.idle_why}")
+            return
         self.drafter = SamDrafter(
             self.settings.k,
             min_match=self.settings.min_match,
@@ -55,10 +65,6 @@ class SamProposer:
         )
         if self.drafter.history is not None:
             worker_log(f"SAM history corpus: {self.drafter.history.where}, {self.settings.history_bytes >> 20} MiB")
-        self.runner = runner
-        self.steps = 0
-        self.gated_steps = 0
-        self._stats_at = time.monotonic()
         _compile()  # numba compiles (or loads its cache) here, not in the first decode step
 
     def propose(
@@ -70,6 +76,8 @@ class SamProposer:
         gated = num_reqs > self.settings.max_batch
         self.steps += 1
         self.gated_steps += gated
+        if drafter is None:  # not the output rank: vLLM drops these drafts
+            return [[] for _ in range(num_reqs)]
         unsupported = getattr(input_batch, "spec_decode_unsupported_reqs", ())
         token_ids = input_batch.token_ids_cpu
         drafts: list[list[int]] = []
@@ -105,6 +113,8 @@ class SamProposer:
     def stats_line(self) -> str:
         """One log line of what the drafter did so far: steps (gated), groups, tokens and bytes per
         token, evictions, and the history's lookups, tokens built and where it lives."""
+        if self.drafter is None:
+            return f"SAM drafter: {self.steps} steps, off on this rank: {self.idle_why}"
         st = self.drafter.stats()
         line = (
             f"SAM drafter: {self.steps} steps ({self.gated_steps} above the batch-size gate), {st['groups']} groups, "
@@ -124,7 +134,7 @@ class SamProposer:
     @property
     def nbytes(self) -> int:
         """Bytes the drafter holds (running requests' automata plus the group corpus)."""
-        return self.drafter.nbytes
+        return 0 if self.drafter is None else self.drafter.nbytes
 
 
 class AscendSamProposer(SamProposer):
@@ -146,6 +156,36 @@ class AscendSamProposer(SamProposer):
 
     def dummy_run(self, *args, **kwargs) -> None:
         """Nothing to run: the drafter has no model."""
+
+
+def _drafts_unused_here(vllm_config: Any) -> str | None:
+    """Why vLLM drops this rank's drafts (None: it uses them, or this cannot tell, so the rank drafts).
+
+    vLLM 0.23's multiprocessing executor (``mp``, what verl starts) takes the drafts of one rank only
+    (``MultiprocExecutor.take_draft_token_ids``, ``unique_reply_rank=output_rank``: the first rank of
+    the last pipeline stage, tensor and prefill-context-parallel rank 0), and the scheduler sends
+    them to every rank; with SAM there is no asynchronous scheduling, where a rank would read its own
+    drafts (``VllmConfig`` turns it off for non-EAGLE drafters). The other executors draft on every
+    rank: ``uni`` has one, with ``external_launcher`` every rank schedules from its own drafts, and
+    ``ray`` and custom executors pick their rank otherwise.
+    """
+    parallel = getattr(vllm_config, "parallel_config", None)
+    if getattr(parallel, "distributed_executor_backend", None) != "mp":
+        return None
+    try:
+        from vllm.distributed import parallel_state as ps
+
+        if not ps.model_parallel_is_initialized():
+            return None
+        tp, pp, pcp = ps.get_tp_group(), ps.get_pp_group(), ps.get_pcp_group()
+    except (ImportError, AssertionError, AttributeError):
+        return None
+    if pp.is_last_rank and tp.rank_in_group == 0 and pcp.rank_in_group == 0:
+        return None
+    return (
+        f"vLLM's mp executor takes drafts only from the first rank of the last pipeline stage; this is "
+        f"TP rank {tp.rank_in_group}, PCP rank {pcp.rank_in_group}, PP rank {pp.rank_in_group} of {pp.world_size}"
+    )
 
 
 def _history(settings: SamSettings, vllm_config: Any = None):
