@@ -483,6 +483,8 @@ def test_a_dead_history_actor_is_replaced_and_no_tick_raises(local_ray, capsys):
     d.start("x", np.arange(300, 320, dtype=np.int32))
     d.step("x", np.arange(5, dtype=np.int32))
     ray.kill(first)
+    with pytest.raises(ray.exceptions.RayActorError):  # dead before anything is sent to it
+        ray.get(first.stats.remote(), timeout=60)
     d.finish("x", reward=1.0)
     d.start("y", np.arange(400, 420, dtype=np.int32))
     deadline = time.monotonic() + 60
@@ -545,3 +547,42 @@ def test_the_history_actor_name_is_scoped_to_the_model_and_budget():
     assert (
         len({a, _history_scope(s16, cfg("/models/Qwen3-30B-A3B")), _history_scope(s32, cfg("/models/Qwen3-32B"))}) == 3
     )
+
+
+def test_a_backlogged_history_store_that_dies_loses_no_response_unaccounted(local_ray):
+    """More sends than RayHistory keeps in flight wait in the buffer; when the backlogged store dies,
+    every response reaches the replacement or is counted lost (none vanishes untracked)."""
+    from npu_rl.spec_decode.history import HistoryStore, RayHistory
+
+    class SlowStore(HistoryStore):  # a store that answers slower than the engine steps
+        def add_many(self, items):
+            time.sleep(0.2)
+            super().add_many(items)
+
+    ray, _ = local_ray
+    h = RayHistory(64 << 20, scope="backlog")
+    ray.kill(h.actor)
+    h._cls = ray.remote(num_cpus=0)(SlowStore)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the name is free once the first actor is gone
+        try:
+            h.actor = h._get_or_create()
+            ray.get(h.actor.stats.remote())
+            break
+        except ray.exceptions.RayActorError:
+            time.sleep(0.1)
+    n = RayHistory.MAX_PENDING + 36
+    for i in range(n):  # one finished response per engine step
+        h.add(i.to_bytes(16, "little"), np.arange(i, i + 50, dtype=np.int32), 1.0)
+        h.flush()
+    assert len(h._pending) == RayHistory.MAX_PENDING and len(h._buffer) == 36
+    h._cls = ray.remote(num_cpus=0)(HistoryStore)
+    ray.kill(h.actor)
+    deadline = time.monotonic() + 60
+    while (h.restarts == 0 or h._pending or h._buffer) and time.monotonic() < deadline:
+        h.flush()
+        time.sleep(0.02)
+    st = h.stats()
+    assert st["restarts"] == 1 and st["responses"] + st["lost_responses"] == n
+    assert st["lost_responses"] == 0  # here every one was sent again in time
+    ray.kill(h.actor)

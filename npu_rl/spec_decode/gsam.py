@@ -744,18 +744,24 @@ def _key_cache_on_sam_source() -> None:
     """numba keys a cached function on its own file's content only, and gsam's compiled functions
     inline sam.py's (``_continuation``, ``_goto``, constants): after an edit to sam.py alone, numba
     would load gsam's stale machine code. Each gsam cache index is therefore stamped with sam.py's
-    content too, so such an edit recompiles gsam. (numba's cache internals, pinned numba 0.68; if
-    they change, gsam's functions are compiled afresh in every process instead of risking stale code.)"""
+    content too, so such an edit recompiles gsam. Only gsam's own functions: the sam.py ones imported
+    here keep sam.py's stamp (a process that imports only sam.py shares their cache). This uses
+    numba's cache internals (pinned numba 0.68); where they differ, gsam's functions are compiled
+    afresh in every process instead of risking stale code."""
     import hashlib
+
+    from numba.core import caching
 
     with open(_flat.__file__, "rb") as f:
         sam_digest = hashlib.blake2b(f.read(), digest_size=16).hexdigest()
     for fn in list(globals().values()):
-        cache = getattr(fn, "_cache", None)  # a numba dispatcher's FunctionCache (NullCache: not cached)
+        if getattr(getattr(fn, "py_func", None), "__module__", None) != __name__:
+            continue  # not a numba dispatcher of this module
+        cache = getattr(fn, "_cache", None)
+        if cache is None or isinstance(cache, caching.NullCache):
+            continue  # not cached
         index = getattr(cache, "_cache_file", None)
-        if index is None:
-            continue
-        if hasattr(index, "_source_stamp"):
+        if index is not None and hasattr(index, "_source_stamp"):
             index._source_stamp = (index._source_stamp, sam_digest)
         else:
             cache.disable()

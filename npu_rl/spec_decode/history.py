@@ -214,13 +214,17 @@ class RayHistory:
     - the actor is unreachable for a while (``ActorUnavailableError``: the call may or may not have
       run): no restart; a send is tried again at the next flush, at most :data:`SEND_TRIES` times
       in all (the store keeps one copy of a response sent twice), a lookup answers "no history";
-    - any other failure of a send (the actor's task raised, out of memory): logged, that batch lost.
+    - any other failure of a send (the actor's task raised, out of memory): that batch is lost.
 
-    At most :data:`MAX_PENDING` sends are tracked; older ones are sent but no longer checked.
+    At most :data:`MAX_PENDING` sends are in flight; past that, new responses wait in the buffer,
+    and past :data:`MAX_BUFFERED` waiting responses the oldest are dropped. So every response is
+    stored, in flight, waiting, or counted in ``lost_responses`` (logged at the first loss and at
+    every 100th).
     """
 
     SEND_TRIES = 3
     MAX_PENDING = 64
+    MAX_BUFFERED = 4096
 
     def __init__(self, budget_bytes: int, max_responses: int = 16, reward_weighted: bool = True, scope: str = ""):
         import ray
@@ -236,6 +240,7 @@ class RayHistory:
         self._buffer: list = []
         # sends not yet seen to succeed: (ref, actor it went to, the batch, tries so far)
         self._pending: list[tuple[Any, Any, list, int]] = []
+        self._losses = 0  # events that lost responses (the warning is said at the first and every 100th)
         self.actor = self._get_or_create()
 
     def _get_or_create(self):
@@ -290,19 +295,26 @@ class RayHistory:
                         if self._failed(e, actor) and tries < self.SEND_TRIES:
                             again.append((batch, tries))
                         else:
-                            self.lost_responses += len(batch)
-                            self._warn(f"{len(batch)} responses not stored after {tries} sends ({e!r:.200})")
+                            self._lose(len(batch), f"not stored after {tries} sends ({e!r:.200})")
                 self._pending = still
-        for batch, tries in again:
+        for batch, tries in again:  # they were in flight already: the cap below does not hold them back
             self._send(batch, tries + 1)
-        if self._buffer:
+        if self._buffer and len(self._pending) < self.MAX_PENDING:
             self._send(self._buffer, 1)
             self._buffer = []
+        elif len(self._buffer) > self.MAX_BUFFERED:
+            drop = len(self._buffer) - self.MAX_BUFFERED
+            del self._buffer[:drop]
+            self._lose(drop, f"dropped unsent: {len(self._pending)} sends are still unanswered")
 
     def _send(self, batch: list, tries: int) -> None:
         self._pending.append((self.actor.add_many.remote(batch), self.actor, batch, tries))
-        if len(self._pending) > self.MAX_PENDING:
-            self._pending.pop(0)
+
+    def _lose(self, n: int, why: str) -> None:
+        self.lost_responses += n
+        self._losses += 1
+        if self._losses == 1 or self._losses % 100 == 0:
+            self._warn(f"{n} responses {why}; {self.lost_responses} lost so far")
 
     def prefetch(self, keys: list[bytes]):
         """Start one lookup of ``keys``; the handle is for :meth:`poll`."""
@@ -326,12 +338,17 @@ class RayHistory:
         """The store's :meth:`HistoryStore.stats` (blocks on the actor; for logs and tests, not the
         engine step), plus this client's ``restarts``, ``unavailable`` and ``lost_responses``."""
         self.flush()
-        mine = {"restarts": self.restarts, "unavailable": self.unavailable, "lost_responses": self.lost_responses}
-        for _ in range(self.SEND_TRIES):
+        for attempt in range(self.SEND_TRIES + 1):
             actor = self.actor
             try:
-                return {**self._ray.get(actor.stats.remote()), **mine}
+                store = self._ray.get(actor.stats.remote())
+                break
             except self._ray.exceptions.RayError as e:
-                if not self._failed(e, actor):
+                if not self._failed(e, actor) or attempt == self.SEND_TRIES:
                     raise
-        return {**self._ray.get(self.actor.stats.remote()), **mine}
+        return {
+            **store,
+            "restarts": self.restarts,
+            "unavailable": self.unavailable,
+            "lost_responses": self.lost_responses,
+        }
