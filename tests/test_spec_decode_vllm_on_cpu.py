@@ -290,9 +290,11 @@ def test_only_the_rank_whose_drafts_vllm_takes_runs_the_drafter(tmp_path):
         "    ps.initialize_model_parallel(tensor_model_parallel_size=2, backend='gloo')\n"
         "from tests.test_spec_decode_vllm_on_cpu import PROMPT, SamProposer, add, new_batch, step, vllm_config\n"
         "out = {}\n"
+        "from vllm.config import ParallelConfig\n"
         "for backend in ('mp', 'external_launcher'):\n"
         "    cfg = vllm_config(sam_batch_size_threshold=1)\n"
-        "    cfg.parallel_config = SimpleNamespace(distributed_executor_backend=backend)\n"
+        "    cfg.parallel_config = ParallelConfig(tensor_parallel_size=2, distributed_executor_backend=backend)\n"
+        "    cfg.parallel_config.rank = rank  # as vLLM's WorkerBase sets it\n"
         "    p = SamProposer(cfg)\n"
         "    batch = new_batch()\n"
         "    add(batch, 'a', PROMPT)\n"
@@ -319,6 +321,35 @@ def test_only_the_rank_whose_drafts_vllm_takes_runs_the_drafter(tmp_path):
     (on, drafts0, mem0, _), (off, drafts1, mem1, line1) = results[0]["mp"], results[1]["mp"]
     assert (on, drafts0, mem0) == (True, [[13, 14, 10]], True)
     assert (off, drafts1, mem1) == (False, [[]], False)
-    assert "off on this rank" in line1 and "TP rank 1" in line1
+    assert "off on this rank" in line1 and "only from rank 0" in line1 and "this is rank 1 of 2" in line1
     for r in results:
         assert r["external_launcher"][:3] == [True, [[13, 14, 10]], True]
+
+
+@pytest.mark.parametrize(
+    ("tp", "pp", "pcp", "drafting_rank"),
+    [(1, 1, 1, 0), (2, 1, 1, 0), (1, 2, 1, 1), (2, 2, 1, 2), (4, 2, 1, 4), (2, 1, 2, 0), (2, 2, 2, 4)],
+)
+def test_drafting_rank_is_the_first_of_the_last_pipeline_stage(tp, pp, pcp, drafting_rank):
+    """Under the mp executor exactly one rank of a replica drafts: vLLM numbers ranks with TP fastest,
+    then PCP, then PP, and takes drafts from TP and PCP rank 0 of the last PP stage (the expected rank
+    is written out here from that layout, not from vLLM's function)."""
+    from vllm.config import ParallelConfig
+
+    from npu_rl.spec_decode.vllm_proposer import _drafts_unused_here
+
+    drafting = []
+    for rank in range(tp * pp * pcp):
+        pc = ParallelConfig(
+            tensor_parallel_size=tp,
+            pipeline_parallel_size=pp,
+            prefill_context_parallel_size=pcp,
+            distributed_executor_backend="mp",
+        )
+        pc.rank = rank
+        why = _drafts_unused_here(SimpleNamespace(parallel_config=pc))
+        if why is None:
+            drafting.append(rank)
+        else:
+            assert f"only from rank {drafting_rank}" in why and f"this is rank {rank} of {tp * pp * pcp}" in why
+    assert drafting == [drafting_rank]

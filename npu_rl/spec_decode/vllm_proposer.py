@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -161,30 +162,37 @@ class AscendSamProposer(SamProposer):
 def _drafts_unused_here(vllm_config: Any) -> str | None:
     """Why vLLM drops this rank's drafts (None: it uses them, or this cannot tell, so the rank drafts).
 
-    vLLM 0.23's multiprocessing executor (``mp``, what verl starts) takes the drafts of one rank only
-    (``MultiprocExecutor.take_draft_token_ids``, ``unique_reply_rank=output_rank``: the first rank of
-    the last pipeline stage, tensor and prefill-context-parallel rank 0), and the scheduler sends
-    them to every rank; with SAM there is no asynchronous scheduling, where a rank would read its own
-    drafts (``VllmConfig`` turns it off for non-EAGLE drafters). The other executors draft on every
-    rank: ``uni`` has one, with ``external_launcher`` every rank schedules from its own drafts, and
-    ``ray`` and custom executors pick their rank otherwise.
+    vLLM 0.23's multiprocessing executor (``mp``, what verl starts) takes the drafts of one rank only:
+    ``MultiprocExecutor.take_draft_token_ids`` asks with ``unique_reply_rank=output_rank``, and a
+    ``WorkerProc`` answers only when its rank (the one ``WorkerBase`` stores in
+    ``parallel_config.rank``) is that one; the scheduler then sends those drafts to every rank. With
+    SAM there is no asynchronous scheduling, where a rank would read its own drafts (``VllmConfig``
+    turns it off for non-EAGLE drafters). The output rank is vLLM's own
+    ``MultiprocExecutor._get_output_rank`` (the first rank of the last pipeline stage), called on this
+    worker's parallel config, so a later vLLM's rule is followed as it is. The other executors draft on
+    every rank: ``uni`` has one, with ``external_launcher`` every rank schedules from its own drafts,
+    and ``ray`` and custom executors pick their rank otherwise.
     """
     parallel = getattr(vllm_config, "parallel_config", None)
     if getattr(parallel, "distributed_executor_backend", None) != "mp":
         return None
     try:
-        from vllm.distributed import parallel_state as ps
+        from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
-        if not ps.model_parallel_is_initialized():
-            return None
-        tp, pp, pcp = ps.get_tp_group(), ps.get_pp_group(), ps.get_pcp_group()
-    except (ImportError, AssertionError, AttributeError):
+        executor = SimpleNamespace(world_size=parallel.world_size, parallel_config=parallel)
+        output_rank = int(MultiprocExecutor._get_output_rank(executor))
+        rank = int(parallel.rank)
+    except (ImportError, AttributeError, TypeError, ValueError) as e:
+        worker_log(
+            f"SAM drafter: drafting on every rank: cannot tell which rank vLLM's mp executor takes drafts from "
+            f"({type(e).__name__}: {e})"
+        )
         return None
-    if pp.is_last_rank and tp.rank_in_group == 0 and pcp.rank_in_group == 0:
+    if rank == output_rank:
         return None
     return (
-        f"vLLM's mp executor takes drafts only from the first rank of the last pipeline stage; this is "
-        f"TP rank {tp.rank_in_group}, PCP rank {pcp.rank_in_group}, PP rank {pp.rank_in_group} of {pp.world_size}"
+        f"vLLM's mp executor takes drafts only from rank {output_rank} (MultiprocExecutor._get_output_rank: the "
+        f"first rank of the last pipeline stage); this is rank {rank} of {parallel.world_size}"
     )
 
 
