@@ -4,6 +4,7 @@ the history store's rules, the drafter's lifecycle across replicas, and the new 
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -313,6 +314,9 @@ def test_new_keys_are_validated():
         resolve(3, None, None, None, None, -1, env={})
     with pytest.raises(ValueError, match="needs the group corpus"):
         resolve(3, None, 0, None, None, 64, env={})
+    assert resolve(3, None, None, None, None, 64, "exp-7", env={}).history_scope == "exp-7"
+    with pytest.raises(ValueError, match="sam_history_scope=7 must be a string"):
+        resolve(3, None, None, None, None, 64, 7, env={})
 
 
 def test_the_proposer_keeps_unscheduled_requests_and_finishes_finished_ones():
@@ -547,6 +551,76 @@ def test_the_history_actor_name_is_scoped_to_the_model_and_budget():
     assert (
         len({a, _history_scope(s16, cfg("/models/Qwen3-30B-A3B")), _history_scope(s32, cfg("/models/Qwen3-32B"))}) == 3
     )
+
+
+def _config_built_in_a_task(**spec):
+    """What verl's rollout server does, as a task of the calling Ray job: build the engine's
+    SpeculativeConfig (the patched vLLM's); it comes back pickled, as it reaches vLLM's workers."""
+    from vllm.config import SpeculativeConfig
+
+    return SpeculativeConfig(method="sam", num_speculative_tokens=3, **spec)
+
+
+def test_each_ray_job_gets_its_own_history_store(local_ray):
+    """Two concurrent jobs of one model and history budget on one Ray cluster: each engine config is
+    built in a Ray process of its job, which names the job there (vLLM's workers, spawned outside
+    Ray, cannot tell it), so the two keep apart stores. A scope the user sets is kept as it is: two
+    jobs that set the same one share. Outside Ray nothing is named (the model and budget still are)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from npu_rl import REPO_ROOT
+    from npu_rl.spec_decode.config import from_speculative_config
+    from npu_rl.spec_decode.vllm_proposer import _history_scope
+
+    ray, ctx = local_ray
+    build = ray.remote(num_cpus=0)(_config_built_in_a_task)
+    spec = ray.get(build.remote(sam_history_mb=16), timeout=300)
+    job = ray.get_runtime_context().get_job_id()
+    assert spec.sam_history_scope == f"ray-job-{job}"
+    assert ray.get(build.remote(sam_history_mb=16, sam_history_scope="shared"), timeout=300).sam_history_scope == (
+        "shared"
+    )
+    assert ray.get(build.remote(), timeout=300).sam_history_scope is None  # history off: nothing to scope
+    other = subprocess.run(  # a second job: another driver on the same cluster
+        [
+            sys.executable,
+            "-c",
+            "import json, ray\n"
+            "from tests.test_spec_decode_history_on_cpu import _config_built_in_a_task\n"
+            "ray.init(address='auto', log_to_driver=False)\n"
+            "spec = ray.get(ray.remote(num_cpus=0)(_config_built_in_a_task).remote(sam_history_mb=16))\n"
+            "print('RESULT ' + json.dumps([ray.get_runtime_context().get_job_id(), spec.sam_history_scope]))\n",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            "RAY_ADDRESS": ctx.address_info["gcs_address"],
+            "RAY_AUTH_MODE": "disabled",
+            "PYTHONPATH": str(REPO_ROOT),
+        },
+    )
+    lines = [ln for ln in other.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert other.returncode == 0 and lines, other.stderr[-3000:]
+    other_job, other_scope = json.loads(lines[-1][len("RESULT ") :])
+    assert other_job != job and other_scope == f"ray-job-{other_job}"
+    model = SimpleNamespace(model_config=SimpleNamespace(model="/models/Qwen3-32B"))
+    ours = _history_scope(from_speculative_config(spec), model)
+    again = ray.get(build.remote(sam_history_mb=16), timeout=300)  # another engine of this job
+    assert _history_scope(from_speculative_config(again), model) == ours
+    spec.sam_history_scope = other_scope
+    assert _history_scope(from_speculative_config(spec), model) != ours
+    outside = subprocess.run(  # no Ray initialized where the config is built (Ray imported or not)
+        [sys.executable, "-c", "import ray\nfrom npu_rl.spec_decode import config\nprint(config.ray_job_scope())"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert outside.stdout.strip() == "None", outside.stderr[-3000:]
 
 
 def test_a_backlogged_history_store_that_dies_loses_no_response_unaccounted(local_ray):

@@ -67,4 +67,5 @@ def check_spec_decode(cfg, env: Mapping[str, str], report: Report) -> str | None
         f"{settings.group_corpus_bytes >> 20} MiB, min match {settings.min_match}, "
         f"adaptive k {'on' if settings.adaptive_k else 'off'}, history "
         + (f"{settings.history_bytes >> 20} MiB" if settings.history_bytes else "off")
+        + (f" (scope {settings.history_scope})" if settings.history_bytes and settings.history_scope else "")
     )

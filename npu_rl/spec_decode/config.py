@@ -16,12 +16,17 @@ Users switch SAM on with ``speculative_config.method=sam`` and ``num_speculative
   fully accepted draft, halves after a miss, within [1, num_speculative_tokens]). Default off.
 - ``sam_history_mb``: MiB for the history corpus (earlier rounds' responses of the same prompt,
   :mod:`npu_rl.spec_decode.history`); 0 (default) turns it off. Needs the group corpus.
+- ``sam_history_scope``: engines with the same scope (and model and ``sam_history_mb``) share one
+  history store. Unset: the Ray job of the process that builds the engine's config (verl's rollout
+  server, :func:`configure_speculative_config` fills it in), so concurrent jobs on one Ray cluster
+  keep apart stores; outside Ray, none. Set the same string in two jobs to share their history.
 
 This module imports neither vllm nor torch: the preflight checks recipes with it.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -35,8 +40,16 @@ DEFAULT_BATCH_SIZE_THRESHOLD = 32
 DEFAULT_GROUP_CORPUS_MB = 256
 ENV_ALIAS = "VLLM_SPECULATIVE_BATCH_SIZE_THRE"
 PREFIX = "actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config"
-KEYS = ("sam_batch_size_threshold", "sam_group_corpus_mb", "sam_min_match", "sam_adaptive_k", "sam_history_mb")
+KEYS = (
+    "sam_batch_size_threshold",
+    "sam_group_corpus_mb",
+    "sam_min_match",
+    "sam_adaptive_k",
+    "sam_history_mb",
+    "sam_history_scope",
+)
 NO_LIMIT = 1 << 62
+MAX_SCOPE_CHARS = 128
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,7 @@ class SamSettings:
     min_match: int
     adaptive_k: bool = False
     history_bytes: int = 0
+    history_scope: str = ""
 
 
 def parse_threshold(value: object, key: str = "sam_batch_size_threshold") -> int:
@@ -81,6 +95,7 @@ def resolve(
     min_match: object = None,
     adaptive_k: object = None,
     history_mb: object = None,
+    history_scope: object = None,
     env: Mapping[str, str] | None = None,
 ) -> SamSettings:
     """Check and resolve the SAM keys (None = not set). Raises ValueError naming the offending key
@@ -117,6 +132,12 @@ def resolve(
             f"sam_history_mb={hmb} needs the group corpus, but sam_group_corpus_mb=0: history is drafted from "
             "through the group automaton (set sam_group_corpus_mb > 0, or sam_history_mb=0)"
         )
+    scope = "" if history_scope is None else history_scope
+    if not isinstance(scope, str) or len(scope) > MAX_SCOPE_CHARS:
+        raise ValueError(
+            f"sam_history_scope={scope!r} must be a string of at most {MAX_SCOPE_CHARS} characters (engines with the "
+            "same scope share a history store; unset: the Ray job)"
+        )
     return SamSettings(
         k=k,
         max_batch=max_batch,
@@ -124,6 +145,7 @@ def resolve(
         min_match=mm,
         adaptive_k=ak,
         history_bytes=int(hmb * (1 << 20)),
+        history_scope=scope,
     )
 
 
@@ -136,6 +158,7 @@ def from_speculative_config(cfg: object, env: Mapping[str, str] | None = None) -
         getattr(cfg, "sam_min_match", None),
         getattr(cfg, "sam_adaptive_k", None),
         getattr(cfg, "sam_history_mb", None),
+        getattr(cfg, "sam_history_scope", None),
         env,
     )
 
@@ -144,11 +167,25 @@ def configure_speculative_config(cfg) -> None:
     """The ``method == "sam"`` branch of vLLM's ``SpeculativeConfig.__post_init__`` (called by our patch).
 
     Validates the SAM keys and sets what a model-free method needs: no draft model (the target's
-    model and parallel configs stand in, as for ngram) and no n-gram lookup window.
+    model and parallel configs stand in, as for ngram) and no n-gram lookup window. With history on
+    and ``sam_history_scope`` unset, it names this process's Ray job there (:func:`ray_job_scope`):
+    the config is built in verl's rollout server, a Ray actor of the job, and reaches the engine's
+    workers pickled, while the workers themselves are not Ray actors and cannot tell the job.
     """
-    from_speculative_config(cfg)
+    settings = from_speculative_config(cfg)
+    if settings.history_bytes and getattr(cfg, "sam_history_scope", None) is None:
+        cfg.sam_history_scope = ray_job_scope()
     cfg.model = "sam"
     cfg.prompt_lookup_max = 0
     cfg.prompt_lookup_min = 0
     cfg.draft_model_config = cfg.target_model_config
     cfg.draft_parallel_config = cfg.target_parallel_config
+
+
+def ray_job_scope() -> str | None:
+    """``"ray-job-<id>"`` for the Ray job this process belongs to; None when Ray is not initialized
+    here (Ray is not imported for the asking)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    return f"ray-job-{ray.get_runtime_context().get_job_id()}"

@@ -202,8 +202,8 @@ class RayHistory:
     later ones reuse it by name, and it dies with its owner, so it ends with the job (on a
     long-lived cluster, a detached store would outlive the job, keep its memory, and hand its
     history and settings to the next job). ``scope`` goes into the name (the proposer passes a
-    digest of the model and the history settings), so concurrent jobs of different models on one
-    cluster keep apart stores (two concurrent jobs of the same model and budget share one).
+    digest of ``sam_history_scope``, by default the Ray job, the model and the history budget), so
+    concurrent jobs on one cluster keep apart stores.
 
     Failures never raise into the engine step:
 

@@ -65,7 +65,11 @@ class SamProposer:
             history=_history(self.settings, vllm_config),
         )
         if self.drafter.history is not None:
-            worker_log(f"SAM history corpus: {self.drafter.history.where}, {self.settings.history_bytes >> 20} MiB")
+            scope = self.settings.history_scope or "none: shared with every job of this model"
+            worker_log(
+                f"SAM history corpus: {self.drafter.history.where}, {self.settings.history_bytes >> 20} MiB, "
+                f"scope {scope}"
+            )
         _compile()  # numba compiles (or loads its cache) here, not in the first decode step
 
     def propose(
@@ -230,10 +234,13 @@ def _history(settings: SamSettings, vllm_config: Any = None):
 
 def _history_scope(settings: SamSettings, vllm_config: Any) -> str:
     """What the history actor's name carries so that only engines of the same job share it: a digest
-    of the served model (path or name) and the history settings (the job's engines agree on both;
-    another model's job on the same cluster gets its own store)."""
+    of ``sam_history_scope`` (unset: the Ray job that built the engine's config, see
+    :func:`npu_rl.spec_decode.config.configure_speculative_config`), the served model (path or name)
+    and the history budget. The engines of one job agree on all three; another job on the same
+    cluster gets its own store."""
     model = str(getattr(getattr(vllm_config, "model_config", None), "model", ""))
-    return hashlib.blake2b(f"{model}\0{settings.history_bytes}".encode(), digest_size=6).hexdigest()
+    key = f"{settings.history_scope}\0{model}\0{settings.history_bytes}"
+    return hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
 
 
 def _connect_ray() -> str | None:
