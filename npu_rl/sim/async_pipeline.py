@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from npu_rl.sim.engine import _sum_max_lines, simulate
+from npu_rl.sim.engine import _sum_max_lines, prefill_lump, simulate
 from npu_rl.sim.model import CostModel, ReplicaConfig, SimError, SimRequest
 from npu_rl.sim.routing import VerlDefaultRouting
 
@@ -641,16 +641,10 @@ class _AsyncSim:
             if rk.kv + self.P[i] + s > self.budget:
                 break
             rk.waitq.popleft()
-            ctx = self.P[i] + g0
-            new = ctx
-            if self.cfg.prefix_caching:
-                if self.S[i] in rk.cached:
-                    new -= self.P[i]
-                else:
-                    rk.cached.add(self.S[i])
+            ms, new = prefill_lump(self.cost, self.cfg.prefix_caching, rk.cached, self.S[i], self.P[i], g0)
             if g0 > 0:
                 self.reprefill += new
-            lump += self.cost.prefill_ms(new, ctx) if new > 0 else 0.0
+            lump += ms
             if self.ver0[i] < 0:
                 self.ver0[i] = self.param_version
             elif self.ver0[i] != self.param_version:

@@ -292,17 +292,7 @@ class _Engine:
         """Admit at the same-time boundary of ``reps``, one request per replica in turn (round-robin), so no
         replica drains a shared queue before the others get a turn; a replica that preempted at this
         boundary admits nothing (vLLM V1). Returns each replica's prefill lump (ms), not yet on its clock."""
-        lumps = [0.0] * len(reps)
-        open_ = [k for k in range(len(reps)) if not preempted[k]]
-        while open_:
-            still = []
-            for k in open_:
-                lump, n = self._admit(reps[k], limit=1)
-                lumps[k] += lump
-                if n:
-                    still.append(k)
-            open_ = still
-        return lumps
+        return fill_round_robin(self._admit, reps, preempted)
 
     def _admit(self, rep: _Replica, limit: int | None = None) -> tuple[float, int]:
         """Admit what fits at rep's boundary (at most ``limit``); returns (prefill lump ms, number admitted)."""
@@ -329,16 +319,10 @@ class _Engine:
             if rep.kv + self.P[i] + s > self.budget:
                 break
             rep.localq.popleft()
-            ctx = self.P[i] + g
-            new = ctx
-            if self.cfg.prefix_caching:
-                if self.G[i] in rep.cached:
-                    new -= self.P[i]
-                else:
-                    rep.cached.add(self.G[i])
+            ms, new = prefill_lump(self.cost, self.cfg.prefix_caching, rep.cached, self.G[i], self.P[i], g)
             if g > 0:
                 self.reprefill += new
-            lump += self.cost.prefill_ms(new, ctx) if new > 0 else 0.0
+            lump += ms
             self.status[i] = _RUNNING
             self.rep_of[i] = rep.r
             self.gen[i] = s
@@ -671,3 +655,36 @@ def simulate(
     else:
         eng.run_independent(arrivals)
     return eng.result()
+
+
+def prefill_lump(
+    cost: CostModel, prefix_caching: bool, cached: set, group: object, prompt: float, generated: float
+) -> tuple[float, float]:
+    """Prefill of a request admitted with ``prompt`` prompt and ``generated`` generated tokens (a resumed
+    one recomputes its output) on a replica whose prefix cache holds the prompts of groups ``cached``
+    (``group`` is added when prefix caching is on). Returns (ms, tokens computed)."""
+    ctx = prompt + generated
+    new = ctx
+    if prefix_caching:
+        if group in cached:
+            new -= prompt
+        else:
+            cached.add(group)
+    return (cost.prefill_ms(new, ctx) if new > 0 else 0.0), new
+
+
+def fill_round_robin(admit: Callable, reps: Sequence, preempted: Sequence[bool]) -> list[float]:
+    """Admit at a same-time boundary of ``reps``, one request per replica in turn (``admit(rep, 1)`` ->
+    (prefill ms, number admitted)) until none admits, skipping replicas that preempted at this
+    boundary (vLLM V1). Returns each replica's prefill lump (ms)."""
+    lumps = [0.0] * len(reps)
+    open_ = [k for k in range(len(reps)) if not preempted[k]]
+    while open_:
+        still = []
+        for k in open_:
+            lump, n = admit(reps[k], 1)
+            lumps[k] += lump
+            if n:
+                still.append(k)
+        open_ = still
+    return lumps

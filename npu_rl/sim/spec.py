@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from npu_rl.sim.engine import _sum_max_lines, _validate
+from npu_rl.sim.engine import _sum_max_lines, _validate, fill_round_robin, prefill_lump
 from npu_rl.sim.model import CostModel, ReplicaConfig, SimError, SimRequest, SimResult, lower_bound
 from npu_rl.sim.routing import Routing
 
@@ -243,16 +243,10 @@ class _SpecEngine:
             if rep.kv + self.P[i] + s > self.budget:
                 break
             rep.localq.popleft()
-            ctx = self.P[i] + g
-            new = ctx
-            if self.cfg.prefix_caching:
-                if self.G[i] in rep.cached:
-                    new -= self.P[i]
-                else:
-                    rep.cached.add(self.G[i])
+            ms, new = prefill_lump(self.cost, self.cfg.prefix_caching, rep.cached, self.G[i], self.P[i], g)
             if g > 0:
                 self.reprefill += new
-            lump += self.cost.prefill_ms(new, ctx) if new > 0 else 0.0
+            lump += ms
             self.pos[i] = s
             self.rep_of[i] = rep.r
             if math.isnan(self.admit_ms[i]):
@@ -263,17 +257,7 @@ class _SpecEngine:
         return lump, count
 
     def _fill(self, reps: list[_Rep], preempted: list[bool]) -> list[float]:
-        lumps = [0.0] * len(reps)
-        open_ = [k for k in range(len(reps)) if not preempted[k]]
-        while open_:
-            still = []
-            for k in open_:
-                lump, n = self._admit(reps[k], 1)
-                lumps[k] += lump
-                if n:
-                    still.append(k)
-            open_ = still
-        return lumps
+        return fill_round_robin(self._admit, reps, preempted)
 
     # ---- one segment of iterations -------------------------------------------------------------------
     def _drafts(self, rep: _Rep) -> bool:
