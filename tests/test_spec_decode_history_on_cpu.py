@@ -315,8 +315,9 @@ def test_new_keys_are_validated():
     with pytest.raises(ValueError, match="needs the group corpus"):
         resolve(3, None, 0, None, None, 64, env={})
     assert resolve(3, None, None, None, None, 64, "exp-7", env={}).history_scope == "exp-7"
-    with pytest.raises(ValueError, match="sam_history_scope=7 must be a string"):
-        resolve(3, None, None, None, None, 64, 7, env={})
+    for bad in (7, "", "x" * 129):
+        with pytest.raises(ValueError, match=f"sam_history_scope={bad!r} must be a non-empty string"):
+            resolve(3, None, None, None, None, 64, bad, env={})
 
 
 def test_the_proposer_keeps_unscheduled_requests_and_finishes_finished_ones():

@@ -19,7 +19,10 @@ Users switch SAM on with ``speculative_config.method=sam`` and ``num_speculative
 - ``sam_history_scope``: engines with the same scope (and model and ``sam_history_mb``) share one
   history store. Unset: the Ray job of the process that builds the engine's config (verl's rollout
   server, :func:`configure_speculative_config` fills it in), so concurrent jobs on one Ray cluster
-  keep apart stores; outside Ray, none. Set the same string in two jobs to share their history.
+  keep apart stores. Where the config is built outside Ray (``vllm serve`` with ``RAY_ADDRESS``
+  set), nothing is filled in and every such engine of that model and budget shares one store.
+  Several trainings in one Ray job (e.g. Ray Tune trials) share unless each sets its own scope;
+  set the same string in two jobs to share their history.
 
 This module imports neither vllm nor torch: the preflight checks recipes with it.
 """
@@ -133,10 +136,10 @@ def resolve(
             "through the group automaton (set sam_group_corpus_mb > 0, or sam_history_mb=0)"
         )
     scope = "" if history_scope is None else history_scope
-    if not isinstance(scope, str) or len(scope) > MAX_SCOPE_CHARS:
+    if history_scope is not None and not (isinstance(scope, str) and 0 < len(scope) <= MAX_SCOPE_CHARS):
         raise ValueError(
-            f"sam_history_scope={scope!r} must be a string of at most {MAX_SCOPE_CHARS} characters (engines with the "
-            "same scope share a history store; unset: the Ray job)"
+            f"sam_history_scope={scope!r} must be a non-empty string of at most {MAX_SCOPE_CHARS} characters (engines "
+            "with the same scope share a history store); leave it unset for one store per Ray job"
         )
     return SamSettings(
         k=k,

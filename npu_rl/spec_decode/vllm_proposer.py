@@ -65,11 +65,11 @@ class SamProposer:
             history=_history(self.settings, vllm_config),
         )
         if self.drafter.history is not None:
-            scope = self.settings.history_scope or "none: shared with every job of this model"
-            worker_log(
-                f"SAM history corpus: {self.drafter.history.where}, {self.settings.history_bytes >> 20} MiB, "
-                f"scope {scope}"
-            )
+            scope = ""
+            if isinstance(self.drafter.history, RayHistory):
+                scope = f", scope {self.settings.history_scope or 'none: shared with every such engine of this model'}"
+            mib = self.settings.history_bytes >> 20
+            worker_log(f"SAM history corpus: {self.drafter.history.where}, {mib} MiB{scope}")
         _compile()  # numba compiles (or loads its cache) here, not in the first decode step
 
     def propose(
