@@ -1,7 +1,7 @@
 """The SAM drafter's settings: ``speculative_config`` keys, their defaults, the batch-size gate.
 
 Users switch SAM on with ``speculative_config.method=sam`` and ``num_speculative_tokens=N`` (verl:
-``actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config.*``). Our vLLM patch adds five
+``actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config.*``). Our vLLM patch adds six
 ``SpeculativeConfig`` fields, all optional:
 
 - ``sam_batch_size_threshold``: draft only while the running batch (requests in the engine's input
