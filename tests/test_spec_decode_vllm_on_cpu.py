@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import importlib.machinery
-import inspect
 import os
 import sys
 import textwrap
@@ -266,37 +265,48 @@ def test_patched_vllm_ascend_dispatches_sam(stub_torch_npu, monkeypatch):
     )
 
 
-def test_custom_class_cannot_carry_sam_in_the_pinned_engines(stub_torch_npu):
+def test_custom_class_cannot_carry_sam_in_the_pinned_engines():
     """Why SAM's glue is a patch and not vLLM 0.23's ``method="custom_class"`` plug-in (issue 20, item 4;
-    the vLLM patch's header says the same). If a bump changes any of these, revisit the glue."""
-    # 1. vLLM calls a custom proposer with batch rows only: no request ids, no prompt lengths, and its
-    #    constructor gets no runner to read them from, so it cannot follow a request across steps
-    #    (rows are condensed and reused) or group siblings by prompt
+    the vLLM patch's header and docs/spec_decode.md say the same). If a bump changes any of these,
+    revisit the glue."""
+    # 1. vLLM builds a custom proposer from the config alone (the runner's real build branch, with a
+    #    recording factory: nothing else reaches the proposer) and calls it with batch rows only: no
+    #    request ids, no prompt lengths, so it cannot follow a request across steps (rows are
+    #    condensed and reused) or group siblings by prompt
     runner_py = VLLM_ROOT / "v1" / "worker" / "gpu_model_runner.py"
+    built = []
+
+    def factory(*args, **kwargs):
+        built.append((args, kwargs))
+        return SimpleNamespace()
+
+    cfg = vllm_config()
+    spec = SimpleNamespace(method="custom_class")
+    runner = SimpleNamespace(speculative_config=spec, vllm_config=cfg, device="cpu")
+    init_chain = _extract(runner_py, "__init__", "self.speculative_config.method == 'custom_class'")
+    drafter = _run_chain(init_chain, {"self": runner, "create_custom_proposer": factory}, "self.drafter")
+    assert built == [((cfg,), {})] and vars(drafter) == {}
     calls = []
     recorder = SimpleNamespace(propose=lambda *args, **kwargs: calls.append((args, kwargs)) or [[]])
     batch = new_batch()
     add(batch, "a", PROMPT)
     runner = SimpleNamespace(input_batch=batch, drafter=recorder)
     propose_chain = _extract(runner_py, "propose_draft_token_ids", "spec_config.method == 'ngram'")
-    spec = SimpleNamespace(method="custom_class")
     names = {"self": runner, "spec_config": spec, "sampled_token_ids": [[12]], "slot_mappings": None}
     _run_chain(propose_chain, names, "draft_token_ids")
     ((args, kwargs),) = calls
     assert args == ([[12]], batch.num_tokens_no_spec, batch.token_ids_cpu) and kwargs == {"slot_mappings": None}
-    from vllm.v1.spec_decode.custom_class_proposer import create_custom_proposer
-
-    assert list(inspect.signature(create_custom_proposer).parameters) == ["vllm_config"]
-    # 2. vllm-ascend 0.23 has no custom_class drafter: its dispatch (which our patch extends) refuses it
+    # 2. SpeculativeConfig refuses keys it does not declare: keeping the keys as speculative_config.sam_*
+    #    needs the patch (a custom proposer could read vllm_config.additional_config instead; 1 stands)
+    with pytest.raises(ValueError, match="not_a_field"):
+        SpeculativeConfig(method="ngram", num_speculative_tokens=3, not_a_field=1)
+    # 3. vllm-ascend 0.23 has no custom_class drafter: its dispatch (which our patch extends) refuses it
     tree = ast.parse((ascend_root() / "vllm_ascend" / "spec_decode" / "__init__.py").read_text())
     func = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_spec_decode_method")
     ns: dict[str, Any] = {}
     exec(compile(ast.Module([func], []), "<patched get_spec_decode_method>", "exec"), ns)  # noqa: S102
     with pytest.raises(ValueError, match="Unknown speculative decoding method: custom_class"):
-        ns["get_spec_decode_method"]("custom_class", vllm_config(), "cpu", runner)
-    # 3. SpeculativeConfig refuses keys it does not declare, so the sam_* keys need the patch anyway
-    with pytest.raises(ValueError, match="not_a_field"):
-        SpeculativeConfig(method="ngram", num_speculative_tokens=3, not_a_field=1)
+        ns["get_spec_decode_method"]("custom_class", cfg, "cpu", runner)
 
 
 def test_only_the_rank_whose_drafts_vllm_takes_runs_the_drafter(tmp_path):
