@@ -235,17 +235,21 @@ def stub_torch_npu(monkeypatch):
     monkeypatch.syspath_prepend(str(ascend_root()))
 
 
-def test_patched_vllm_ascend_dispatches_sam(stub_torch_npu, monkeypatch):
-    monkeypatch.delenv(ENV_ALIAS, raising=False)
-    root = ascend_root() / "vllm_ascend"
-    # get_spec_decode_method: its module imports every NPU proposer (needs torch.npu), so run the
-    # patched function's own code
-    tree = ast.parse((root / "spec_decode" / "__init__.py").read_text())
+def _ascend_get_spec_decode_method():
+    """vllm-ascend's patched ``get_spec_decode_method``, compiled alone: its module imports every NPU
+    proposer (needs torch.npu), so this runs the function's own code."""
+    tree = ast.parse((ascend_root() / "vllm_ascend" / "spec_decode" / "__init__.py").read_text())
     func = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_spec_decode_method")
     ns: dict[str, Any] = {}
     exec(compile(ast.Module([func], []), "<patched get_spec_decode_method>", "exec"), ns)  # noqa: S102
+    return ns["get_spec_decode_method"]
+
+
+def test_patched_vllm_ascend_dispatches_sam(stub_torch_npu, monkeypatch):
+    monkeypatch.delenv(ENV_ALIAS, raising=False)
+    root = ascend_root() / "vllm_ascend"
     runner = SimpleNamespace(input_batch=new_batch())
-    drafter = ns["get_spec_decode_method"]("sam", vllm_config(), "cpu", runner)
+    drafter = _ascend_get_spec_decode_method()("sam", vllm_config(), "cpu", runner)
     assert type(drafter) is AscendSamProposer and drafter.runner is runner
     # NPUModelRunner.propose_draft_token_ids: a "sam" branch calling the drafter with the sampled ids
     runner_src = (root / "worker" / "model_runner_v1.py").read_text()
@@ -301,12 +305,8 @@ def test_custom_class_cannot_carry_sam_in_the_pinned_engines():
     with pytest.raises(ValueError, match="not_a_field"):
         SpeculativeConfig(method="ngram", num_speculative_tokens=3, not_a_field=1)
     # 3. vllm-ascend 0.23 has no custom_class drafter: its dispatch (which our patch extends) refuses it
-    tree = ast.parse((ascend_root() / "vllm_ascend" / "spec_decode" / "__init__.py").read_text())
-    func = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_spec_decode_method")
-    ns: dict[str, Any] = {}
-    exec(compile(ast.Module([func], []), "<patched get_spec_decode_method>", "exec"), ns)  # noqa: S102
     with pytest.raises(ValueError, match="Unknown speculative decoding method: custom_class"):
-        ns["get_spec_decode_method"]("custom_class", cfg, "cpu", runner)
+        _ascend_get_spec_decode_method()("custom_class", cfg, "cpu", runner)
 
 
 def test_only_the_rank_whose_drafts_vllm_takes_runs_the_drafter(tmp_path):
