@@ -26,7 +26,7 @@ from npu_rl.sources import Downloader, build_from_archive, cache_dir
 
 # The skip gate: the session fails on a skip or xfail whose reason is not on tests/skip_allowlist.toml
 # (NPU_RL_ALLOW_SKIPS=1 tolerates them for a local subset run; ignored when CI is set).
-pytest_plugins = ["tests.skip_gate"]
+pytest_plugins = ["tests.skip_gate", "tests.serial_group"]
 
 # Hypothesis: deterministic by default, so the suite gives the same verdict on every run (.ci/run
 # sets no CI variable, so hypothesis's own "ci" profile would not load there). "npu_rl" derives each
@@ -101,11 +101,65 @@ def pristine_sources(tmp_path_factory, lock, archive, patched_upstreams):
     return dest
 
 
-@pytest.fixture
-def sources(tmp_path, pristine_sources):
-    """A private copy of the pristine trees for one test."""
-    dest = tmp_path / "sources"
+def _git_out(tree: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True, check=True).stdout
+
+
+def _sources_state(root: Path) -> dict:
+    """What a test may change in a sources folder: the top-level names, and per git tree its HEAD, refs,
+    stash, git config and exclude files, and every file git sees as changed, untracked or ignored."""
+    state: dict = {"names": sorted(p.name for p in root.iterdir())}
+    for tree in sorted(p for p in root.iterdir() if (p / ".git").is_dir()):
+        git_dir = tree / ".git"
+        state[tree.name] = (
+            _git_out(tree, "rev-parse", "HEAD").strip(),
+            _git_out(tree, "for-each-ref", "--format=%(refname) %(objectname)"),
+            _git_out(tree, "status", "--porcelain", "--ignored", "--untracked-files=all"),
+            (git_dir / "config").read_bytes(),
+            (git_dir / "info" / "exclude").read_bytes() if (git_dir / "info" / "exclude").is_file() else b"",
+            (git_dir / "refs" / "stash").is_file(),
+        )
+    return state
+
+
+@pytest.fixture(scope="module")
+def _sources_copy(tmp_path_factory, pristine_sources):
+    """One copy of the pristine trees per test module, reset between its tests (tests/conftest.py:
+    ``sources``), and the state it must be reset to."""
+    dest = tmp_path_factory.mktemp("sources-copy") / "sources"
     shutil.copytree(pristine_sources, dest, symlinks=True)
+    return dest, _sources_state(dest), {"used": False}
+
+
+@pytest.fixture
+def sources(_sources_copy, pristine_sources):
+    """A private copy of the pristine trees for one test: copied once per module (~263 MB) and reset
+    with git between tests (hard reset to the copy's HEAD, refs, stash and clean; top-level extras
+    removed). The reset is verified against the state of a fresh copy (:func:`_sources_state`);
+    anything it cannot restore is copied afresh."""
+    dest, pristine_state, flags = _sources_copy
+    if flags["used"]:
+        for extra in set(p.name for p in dest.iterdir()) - set(pristine_state["names"]):
+            shutil.rmtree(dest / extra) if (dest / extra).is_dir() else (dest / extra).unlink()
+        try:
+            trees = {k: v for k, v in pristine_state.items() if k != "names"}
+            for name, (head, refs, _status, config, exclude, _stash) in trees.items():
+                tree = dest / name
+                for line in _git_out(tree, "for-each-ref", "--format=%(refname)").splitlines():
+                    if f"{line} " not in refs:
+                        _git_out(tree, "update-ref", "-d", line)
+                _git_out(tree, "reset", "-q", "--hard", head)
+                _git_out(tree, "clean", "-qffdx")
+                (tree / ".git" / "config").write_bytes(config)
+                if exclude:
+                    (tree / ".git" / "info" / "exclude").write_bytes(exclude)
+            ok = _sources_state(dest) == pristine_state
+        except (subprocess.CalledProcessError, OSError):
+            ok = False
+        if not ok:  # something git cannot put back: a fresh copy
+            shutil.rmtree(dest)
+            shutil.copytree(pristine_sources, dest, symlinks=True)
+    flags["used"] = True
     return dest
 
 

@@ -459,9 +459,9 @@ SHIPPED = [
 
 @pytest.mark.parametrize(("recipe", "env", "train", "rollout"), SHIPPED, ids=[Path(s[0]).stem for s in SHIPPED])
 def test_the_async_recipes_pass_their_dry_runs_with_both_pools(recipe, env, train, rollout):
-    from npu_rl.recipes import dry_run
+    from tests.dryrun import plan
 
-    rc, out, facts = dry_run(REPO_ROOT / recipe, REPO_ROOT / env)
+    rc, out, facts = plan(REPO_ROOT / recipe, REPO_ROOT / env)
     assert rc == 0, out[-4000:]
     assert "preflight: ok (0 errors, 3 warnings)" in out  # the model and data files absent here, nothing else
     cluster = next(line for line in out.splitlines() if line.startswith("cluster "))

@@ -23,6 +23,9 @@ import pytest
 from npu_rl.gittree import Tree, git
 from npu_rl.lock import load_lock
 
+# Builds and copies upstream trees: left out of --quick.
+pytestmark = pytest.mark.slow
+
 CORE = [f"line {i}" for i in range(1, 31)]
 CORE[9] = "VALUE = 1"  # line 10: what patch 0001 changes
 RELEASES = {

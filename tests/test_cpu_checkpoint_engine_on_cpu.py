@@ -10,6 +10,9 @@ import pytest
 
 from tests.procs import run_gloo_ranks
 
+# gloo processes: left out of --quick.
+pytestmark = pytest.mark.slow
+
 BUCKET = 1024  # bytes: the 3 KiB weight is split into chunks, the rest spread over several buckets
 
 

@@ -18,6 +18,7 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=300)
 
 
+@pytest.mark.slow  # verl imported in fresh processes
 def test_verl_selects_the_cpu_platform_through_its_plugin_variables():
     code = (
         "import verl, torch\n"
@@ -61,6 +62,7 @@ def test_refused_on_a_machine_with_npus(monkeypatch):
     assert platform.npus_present() == []
 
 
+@pytest.mark.slow  # gloo processes
 def test_gloo_process_group_on_the_platform_backend():
     # verl's own initialize_global_process_group_ray with the platform's backend (verl patch 0009).
     code = (

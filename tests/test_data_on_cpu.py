@@ -36,6 +36,7 @@ def prepared(tmp_path_factory):
     return files
 
 
+@pytest.mark.slow  # verl's dataset with the real tokenizer
 def test_rlhf_dataset_loads_the_output_with_the_qwen3_chat_template(prepared, tok):
     from omegaconf import OmegaConf
     from verl.utils.dataset.rl_dataset import RLHFDataset

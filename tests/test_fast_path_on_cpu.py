@@ -16,7 +16,8 @@ import pytest
 
 from npu_rl import REPO_ROOT
 from npu_rl.preflight import checks, fastpath, run_preflight
-from npu_rl.recipes import discover, dry_run
+from npu_rl.recipes import discover
+from tests.dryrun import plan as dry_run
 from tests.test_preflight_on_cpu import BASE, ENV_2X16
 
 pytest.importorskip("verl")

@@ -23,6 +23,9 @@ from npu_rl import REPO_ROOT
 from npu_rl.launch.cluster import port_open
 from tests.procs import free_port
 
+# Starts Ray heads through the launcher (tests/conftest.py: the xdist 'serial' group).
+pytestmark = pytest.mark.serial
+
 pytest.importorskip("ray")
 
 RECIPE = REPO_ROOT / "tests" / "recipes" / "exit_code.sh"

@@ -28,6 +28,9 @@ from npu_rl.errors import TopologyError
 from npu_rl.launch.topology import Probe, resolve_topology
 from tests.procs import free_port
 
+# Runs the launcher's head path, which refuses to start beside a Ray node of another test (serial group).
+pytestmark = pytest.mark.serial
+
 pytest.importorskip("ray")
 
 LAUNCHER = REPO_ROOT / "ray_start_npu.sh"

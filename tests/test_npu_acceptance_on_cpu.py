@@ -32,6 +32,9 @@ from npu_rl.acceptance.plan import build_plan
 from npu_rl.errors import NpuRlError
 from tests.procs import free_port
 
+# Runs the launcher's head path, which refuses to start beside a Ray node of another test (serial group).
+pytestmark = pytest.mark.serial
+
 FIXTURE = REPO_ROOT / "tests" / "data" / "acceptance" / "out"
 LEAKY = REPO_ROOT / "tests" / "data" / "acceptance" / "leaky_recipe.sh"
 TOOL = REPO_ROOT / "tools" / "npu_acceptance.sh"

@@ -15,6 +15,9 @@ from npu_rl.patches.cli import main as patches_main
 from npu_rl.patches.series import load_series
 from tests.conftest import run_script
 
+# Copies the pinned trees (~263 MB) per test: left out of --quick.
+pytestmark = pytest.mark.slow
+
 HCCL = "verl/checkpoint_engine/hccl_checkpoint_engine.py"
 MEGATRON = "verl/workers/engine/megatron/transformer_impl.py"  # patch 0002 (random init) hooks it
 

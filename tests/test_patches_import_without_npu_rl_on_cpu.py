@@ -26,6 +26,9 @@ from npu_rl import REPO_ROOT
 from npu_rl.gittree import Tree, git
 from npu_rl.patches.series import load_series, series_upstreams
 
+# Imports the patched modules in fresh processes: left out of --quick.
+pytestmark = pytest.mark.slow
+
 SOURCES = Path(os.environ.get("NPU_RL_SOURCES", REPO_ROOT / "sources"))
 NOT_IMPORTABLE_ON_CPU = {"vllm-ascend"}  # torch_npu
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)

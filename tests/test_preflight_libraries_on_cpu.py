@@ -17,7 +17,7 @@ import pytest
 from npu_rl import REPO_ROOT
 from npu_rl.preflight import run_preflight
 from npu_rl.preflight.model import MODELS_DIR
-from npu_rl.recipes import dry_run
+from tests.dryrun import plan as dry_run
 from tests.test_preflight_on_cpu import BASE, ENV_2X16
 
 pytest.importorskip("verl")
@@ -144,6 +144,7 @@ def test_bad_values_inside_vllm_dicts_are_judged_by_vllms_classes():
     assert check(f"+{VLLM_KW}.compilation_config.cudagraph_mode=PIECEWISE").ok
 
 
+@pytest.mark.slow  # several library checks
 def test_enable_sleep_mode_is_a_key_verl_reads_and_no_dataclass_field_is_refused():
     import typing
 
@@ -268,6 +269,7 @@ def test_mtp_rollout_without_mtp_is_a_warning_that_it_is_ignored():
     assert "is ignored" in warnings_of(r)[f"{M}.mtp.enable_rollout"].message
 
 
+@pytest.mark.slow  # vLLM's engine config twice
 def test_a_missing_draft_model_is_named_and_an_existing_one_is_checked_by_vllm(tmp_path):
     draft = [f"+{SPEC}.method=draft_model", f"+{SPEC}.num_speculative_tokens=3"]
     target = model_dir(tmp_path / "models")

@@ -21,6 +21,9 @@ from npu_rl.preflight.report import Problem, Report
 from npu_rl.recipes import dry_run
 from tests.test_preflight_on_cpu import BASE, ENV_2X16
 
+# Dry runs in their own processes (the memo between them is the subject): left out of --quick.
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("verl")
 pytest.importorskip("vllm")
 

@@ -15,7 +15,7 @@ import pytest
 from npu_rl import REPO_ROOT
 from npu_rl.preflight import run_preflight
 from npu_rl.preflight.model import MODELS_DIR, load_model_facts
-from npu_rl.recipes import dry_run as recipe_dry_run
+from tests.dryrun import launch, plan
 
 pytest.importorskip("verl")
 
@@ -48,9 +48,10 @@ BASE = [
 ]
 
 
-def dry_run(recipe, env_script=None, *overrides):
-    """``bash ray_start_npu.sh --dry-run``; returns (exit code, stdout+stderr)."""
-    rc, out, _facts = recipe_dry_run(recipe, env_script, *overrides)
+def dry_run(recipe, env_script=None, *overrides, how=plan):
+    """``bash ray_start_npu.sh --dry-run``, the preflight in this process (``how=launch``: in its own, as a
+    user runs it; tests/dryrun.py); returns (exit code, stdout+stderr)."""
+    rc, out, _facts = how(recipe, env_script, *overrides)
     return rc, out
 
 
@@ -242,7 +243,7 @@ def test_memory_estimate_names_the_numbers_and_the_hbm():
 def shipped_recipe_plans():
     from npu_rl.recipes import discover
 
-    return [(recipe, env, *recipe_dry_run(recipe, env)) for recipe, env in discover()]
+    return [(recipe, env, *plan(recipe, env)) for recipe, env in discover()]
 
 
 def test_every_shipped_recipe_passes_its_dry_run(shipped_recipe_plans):
@@ -261,6 +262,7 @@ def test_readme_recipe_table_is_generated_from_the_recipes(shipped_recipe_plans)
     assert block == expected, "README recipe table is stale: python -m npu_rl.recipes > paste it between the markers"
 
 
+@pytest.mark.slow  # a dry run in its own processes
 def test_python_module_entry_point_is_the_same_dry_run():
     env = {**__import__("os").environ, "NPU_RL_TRAIN_PYTHON": sys.executable}
     env.pop("NNODES", None)
@@ -366,8 +368,9 @@ def test_keys_verl_removed_or_moved_name_what_replaced_them():
     )
 
 
+@pytest.mark.slow  # a dry run in its own processes
 def test_launcher_flags_anywhere_and_usage_errors():
-    rc, out = dry_run(TESTS / "case4_typo_in_key.sh", TESTS / "env_2x16.sh", "--dry-run")
+    rc, out = dry_run(TESTS / "case4_typo_in_key.sh", TESTS / "env_2x16.sh", "--dry-run", how=launch)
     assert rc == 65 and "expert_model_parallel_size" in out
     rc, out = dry_run(TESTS / "case4_typo_in_key.sh", TESTS / "no_such_env.sh")
     assert rc == 2 and "ENV_SCRIPT" in out and "is not a file" in out
@@ -376,7 +379,7 @@ def test_launcher_flags_anywhere_and_usage_errors():
 
 
 def test_recipes_that_skip_run_verl_or_drop_overrides_are_refused():
-    rc, out = dry_run(TESTS / "no_run_verl.sh")
+    rc, out = dry_run(TESTS / "no_run_verl.sh", how=launch)
     assert rc == 65 and "without reaching run_verl: nothing was checked" in out
     rc, out = dry_run(TESTS / "drops_overrides.sh", TESTS / "env_2x16.sh", "data.train_batch_size=128")
     assert rc == 65 and "the recipe dropped the overrides given to the launcher: data.train_batch_size=128" in out

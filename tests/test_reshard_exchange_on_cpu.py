@@ -16,6 +16,9 @@ from npu_rl.reshard.exchange import TrainGroups, allgather_experts, exchange_exp
 from npu_rl.reshard.plan import MoeShape, RolloutLayout, TrainLayout, build_plan
 from tests.procs import run_gloo_ranks
 
+# gloo processes: left out of --quick.
+pytestmark = pytest.mark.slow
+
 HIDDEN, FFN, LAYERS = 8, 12, 2
 
 # (train, rollout, experts, bucket_bytes, overlap[, layers with experts])

@@ -32,6 +32,9 @@ import torch
 
 from tests.procs import run_gloo_ranks
 
+# gloo processes with real vLLM weight loading: left out of --quick.
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("verl", reason="verl is not installed: run 'bash install_stack.sh --cpu' first")
 
 H, F, LAYERS, VOCAB = 8, 12, 4, 32

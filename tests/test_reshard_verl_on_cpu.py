@@ -156,6 +156,7 @@ def _rank_export(rank: int, world: int):
     return out
 
 
+@pytest.mark.slow  # gloo processes
 def test_patched_megatron_export_with_real_mbridge_on_gloo():
     results = run_gloo_ranks(_rank_export, 4)
     _check_vllm_maps(sorted({n for out in results for n in out["expert_names"]}))

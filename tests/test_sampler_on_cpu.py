@@ -323,9 +323,9 @@ def test_preflight_accepts_the_reference_names_and_refuses_bad_sampler_settings(
 
 
 def test_the_32b_recipe_switches_the_sampler_on_and_passes_the_dry_run():
-    from npu_rl.recipes import dry_run
+    from tests.dryrun import plan
 
-    rc, out, _ = dry_run(REPO_ROOT / "recipes/qwen3-32b/grpo_32die.sh", REPO_ROOT / "recipes/qwen3-32b/env_2node.sh")
+    rc, out, _ = plan(REPO_ROOT / "recipes/qwen3-32b/grpo_32die.sh", REPO_ROOT / "recipes/qwen3-32b/env_2node.sh")
     assert rc == 0, out
     assert "features on     length-aware resampler" in out
 

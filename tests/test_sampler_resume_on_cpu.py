@@ -22,6 +22,9 @@ import torch
 
 from npu_rl import REPO_ROOT
 
+# Runs verl's dataloader and checkpointing for several resume points: left out of --quick.
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("verl")
 
 BATCH, N_PROMPTS, EPOCHS = 4, 20, 3  # 5 steps an epoch: epoch boundaries at steps 5 and 10

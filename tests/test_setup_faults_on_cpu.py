@@ -41,6 +41,9 @@ import pytest
 from npu_rl import REPO_ROOT
 from npu_rl.patches.series import PATCHES_DIR
 
+# Runs the entry points against copied trees under injected faults: left out of --quick.
+pytestmark = pytest.mark.slow
+
 TRIALS = int(os.environ.get("NPU_RL_FAULT_TRIALS", "6"))
 SEED0 = int(os.environ.get("NPU_RL_FAULT_SEED", "0"))
 REAL_GIT = shutil.which("git")
@@ -383,6 +386,7 @@ def _tiny_upstream(tmp_path: Path, big_bytes: int) -> tuple[Path, Path]:
     return lock, tmp_path / "patches"
 
 
+@pytest.mark.serial  # mounts a tmpfs
 def test_full_disk_is_reported_as_such_and_rolled_back(tmp_path, trees):
     mnt = tmp_path / "small-disk"
     mnt.mkdir()

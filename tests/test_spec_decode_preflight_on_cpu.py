@@ -7,7 +7,7 @@ import pytest
 from npu_rl import REPO_ROOT
 from npu_rl.preflight import run_preflight
 from npu_rl.preflight.spec_decode import check_spec_decode
-from npu_rl.recipes import dry_run
+from tests.dryrun import plan as dry_run
 from tests.test_preflight_on_cpu import BASE, ENV_2X16
 
 pytest.importorskip("verl")

@@ -294,6 +294,7 @@ def test_a_frozen_automaton_matches_and_drafts_like_the_growing_one_and_refuses_
     assert frozen.step(np.empty(0, np.int32), np.empty(4, np.int32), S.new_ctl(4)) >= 0  # drafting still works
 
 
+@pytest.mark.slow  # numba compiles twice
 def test_a_change_to_sam_py_alone_recompiles_the_group_automaton(tmp_path):
     """numba's on-disk cache keys a function on its own file's content; gsam.py's compiled functions
     inline sam.py's, so an edit to sam.py alone (a git pull, a patch) must not load gsam's stale

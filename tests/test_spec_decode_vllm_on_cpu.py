@@ -309,6 +309,7 @@ def test_custom_class_cannot_carry_sam_in_the_pinned_engines():
         _ascend_get_spec_decode_method()("custom_class", cfg, "cpu", runner)
 
 
+@pytest.mark.slow  # two vLLM TP ranks over gloo
 def test_only_the_rank_whose_drafts_vllm_takes_runs_the_drafter(tmp_path):
     """Two vLLM tensor-parallel ranks (real ``vllm.distributed`` groups over gloo, one process each)
     under the mp executor: rank 0, the one ``MultiprocExecutor`` takes drafts from, drafts; rank 1

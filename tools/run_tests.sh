@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# The project's test command (README, third line; .ci/run calls it after the set-up):
-# our pytest suite, the CPU main job (a real GRPO run, recipes/qwen3-tiny, checked by npu_rl.e2e),
-# the upstream projects' own CPU tests that cover the files our patches touch, run in the patched
-# trees, ruff, shellcheck on every *.sh, and hadolint on docker/.
+# The project's test command (README, third line; .ci/run calls it after the set-up): the linters
+# first (ruff, shellcheck on every *.sh, hadolint on docker/: a style slip fails in seconds), our
+# pytest suite on both cores (pytest-xdist; tests that start Ray or a vLLM engine or mount a tmpfs run
+# one at a time in xdist's "serial" group), the CPU main job (a real GRPO run, recipes/qwen3-tiny,
+# checked by npu_rl.e2e) and its variants, and the upstream projects' own CPU tests that cover the
+# files our patches touch, run in the patched trees.
 # Needs the set-up of the README's first line (sources downloaded and patched, .venv installed).
-#   bash tools/run_tests.sh [PYTEST_ARGS...]
+#   bash tools/run_tests.sh [--quick] [PYTEST_ARGS...]
+# --quick: the edit loop's tier: the linters and the tests marked neither slow nor serial (pure and in-process, about
+# 3 minutes on 2 cores); no end-to-end job. NPU_RL_TEST_WORKERS: pytest-xdist workers (default 2; 0
+# runs the suite in one process, as before).
 set -euo pipefail
 
 # shellcheck source=internal/common.sh
@@ -37,7 +42,17 @@ tests::pytest() {
     if [[ -n "${NPU_RL_ALLOW_SKIPS:-}" ]]; then
         common::log "WARNING: NPU_RL_ALLOW_SKIPS=${NPU_RL_ALLOW_SKIPS} is IGNORED by the test command: every skip must be on tests/skip_allowlist.toml"
     fi
-    (cd "$NPU_RL_ROOT" && env -u NPU_RL_ALLOW_SKIPS "$PY" -m pytest -q -p no:cacheprovider "$@")
+    local workers="${NPU_RL_TEST_WORKERS:-2}" report dist=()
+    [[ "$workers" =~ ^[0-9]+$ ]] || common::die "NPU_RL_TEST_WORKERS=$workers: write a whole number (0: one process)"
+    ((workers == 0)) || dist=(-n "$workers" --dist loadgroup)
+    report="$(mktemp "${TMPDIR:-/tmp}/npu-rl-pytest.XXXXXX.xml")"
+    local rc=0
+    (cd "$NPU_RL_ROOT" && env -u NPU_RL_ALLOW_SKIPS "$PY" -m pytest -q -p no:cacheprovider "${dist[@]}" \
+        --durations=30 --junitxml="$report" "$@") || rc=$?
+    # Where the time went, per file (the README's measured table is made from this).
+    [[ -s "$report" ]] && "$PY" -P "$NPU_RL_ROOT/tools/test_durations.py" "$report" --top 0 || true
+    rm -f "$report"
+    return "$rc"
 }
 
 tests::ruff() {
@@ -150,15 +165,24 @@ tests::main_job_async() {
 }
 
 main() {
-    local started=$SECONDS
+    local started=$SECONDS quick=0
+    if [[ "${1:-}" == --quick ]]; then
+        quick=1
+        shift
+    fi
     trap 'rc=$?; ((rc == 0)) || common::log "test command failed (exit $rc); $(tests::free_disk)"' EXIT
+    tests::stage "ruff" tests::ruff
+    tests::stage "shellcheck" tests::shellcheck
+    tests::stage "hadolint" tests::hadolint
+    if ((quick)); then
+        tests::stage "pytest, quick tier (not slow, not serial)" tests::pytest -m "not slow and not serial" "$@"
+        common::log "quick tier passed in $((SECONDS - started)) s (the full command, as CI runs it: bash tools/run_tests.sh)"
+        return 0
+    fi
     tests::stage "pytest (npu_rl)" tests::pytest "$@"
     tests::stage "CPU main job (GRPO through ray_start_npu.sh)" tests::main_job
     tests::stage "CPU main job, fully-async (verl's fully_async_policy through ray_start_npu.sh)" tests::main_job_async
     tests::stage "upstream CPU tests on the patched trees" tests::upstream
-    tests::stage "ruff" tests::ruff
-    tests::stage "shellcheck" tests::shellcheck
-    tests::stage "hadolint" tests::hadolint
     common::log "all test stages passed in $((SECONDS - started)) s"
 }
 

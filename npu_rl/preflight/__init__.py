@@ -93,6 +93,29 @@ def run_preflight(args: list[str], env: Mapping[str, str], trainer: str = "sync"
     return Result(report, plan, facts)
 
 
+def check_command(
+    args: list[str], env: Mapping[str, str], trainer: str = "sync", recipe: str = ""
+) -> tuple[int, str, dict]:
+    """What ``run_verl`` gets in plan mode: the preflight of the command line ``args`` (Hydra flags and
+    overrides) of ``trainer``'s entry point in the job environment ``env``, plus the launcher's contract
+    that the recipe passes on the overrides given to the launcher (``NPU_RL_CLI_OVERRIDES``).
+
+    Returns (exit code: 0 accepted, 65 rejected; the text printed; the facts written to
+    ``NPU_RL_PLAN_JSON``: ``recipe``, ``ok`` and :attr:`Result.facts`). Never raises for a bad recipe.
+    """
+    result = run_preflight(args, env, trainer)
+    cli = [o for o in env.get("NPU_RL_CLI_OVERRIDES", "").split("\n") if o]
+    dropped = [o for o in cli if o not in args]
+    if dropped:
+        result.report.error(
+            "command line",
+            f"the recipe dropped the overrides given to the launcher: {' '.join(dropped)}",
+            'end the recipe with run_verl "${ARGS[@]}" "$@" so that command-line overrides reach verl',
+        )
+    text = f"preflight of {recipe or 'the command line'}\n{result.render()}"
+    return (0 if result.ok else 65), text, {"recipe": recipe, "ok": result.ok, **result.facts}
+
+
 def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts: dict) -> list[tuple[str, str]]:
     sel = checks.sel
     separate = cli.trainer != "sync"  # trainer and rollout on separate pools (npu_rl.preflight.async_checks)

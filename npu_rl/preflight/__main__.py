@@ -6,7 +6,7 @@ import os
 import sys
 
 from npu_rl import REPO_ROOT
-from npu_rl.preflight import run_preflight
+from npu_rl.preflight import check_command
 from npu_rl.preflight.async_trainers import TRAINERS
 
 
@@ -24,26 +24,17 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("args", nargs=argparse.REMAINDER, help="-- then the main_ppo command line")
         a = p.parse_args(argv[1:])
         args = a.args[1:] if a.args[:1] == ["--"] else a.args
-        result = run_preflight(args, os.environ, a.trainer)
-        cli = [o for o in os.environ.get("NPU_RL_CLI_OVERRIDES", "").split("\n") if o]
-        dropped = [o for o in cli if o not in args]
-        if dropped:
-            result.report.error(
-                "command line",
-                f"the recipe dropped the overrides given to the launcher: {' '.join(dropped)}",
-                'end the recipe with run_verl "${ARGS[@]}" "$@" so that command-line overrides reach verl',
-            )
+        code, text, facts = check_command(args, os.environ, a.trainer, a.recipe)
         facts_path = os.environ.get("NPU_RL_PLAN_JSON")
         if facts_path:
             with open(facts_path, "w") as f:
-                json.dump({"recipe": a.recipe, "ok": result.ok, **result.facts}, f)
+                json.dump(facts, f)
         mark = os.environ.get("NPU_RL_PLAN_MARK")
         if mark:
             with open(mark, "w") as f:
                 f.write("ok\n")
-        print(f"preflight of {a.recipe or 'the command line'}")
-        print(result.render(), flush=True)
-        return 0 if result.ok else 65
+        print(text, flush=True)
+        return code
     p = argparse.ArgumentParser(
         prog="python -m npu_rl.preflight",
         description="Check a recipe without starting anything: the same as `bash ray_start_npu.sh --dry-run`.",

@@ -1,0 +1,33 @@
+"""The "serial" group: a pytest plugin that keeps tests which start Ray or a vLLM engine, or mount a
+tmpfs, from running beside each other when the suite runs on several pytest-xdist workers.
+
+tools/run_tests.sh runs ``pytest -n 2 --dist loadgroup``: xdist sends each ``xdist_group`` as a whole
+to one worker, which runs its tests one after another, and spreads the other tests over all workers.
+This plugin gives every test marked ``serial`` (pyproject.toml), and every test that uses a fixture of
+:data:`SERIAL_FIXTURES`, the group ``serial``. Without xdist nothing changes.
+
+Why these tests: two Ray clusters on one machine fight over ports and the launcher's head refuses to
+start beside another Ray node (and its tests kill every process that runs their recipe); two vLLM
+engines each want the memory and cores the tests size them for; a tmpfs mount is machine-wide.
+
+Registered by ``tests/conftest.py``; elsewhere ``python -m pytest -p tests.serial_group``.
+Note: the grouping needs pytest 9.1 (constraints/cpu.txt): on 9.2 xdist's group suffix is ignored and
+every test is spread (pytest-xdist issue 1386); tests/test_test_tiers_on_cpu.py checks it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+GROUP = "serial"
+#: Fixtures that start Ray: a test that uses one is serial without a mark.
+SERIAL_FIXTURES = frozenset({"local_ray"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERIAL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.serial)
+        if item.get_closest_marker("serial"):
+            item.add_marker(pytest.mark.xdist_group(GROUP))
