@@ -269,19 +269,55 @@ def build_parser():
         prog="python -m npu_rl.data",
         description="Write <out>/<dataset>/<split>.parquet for verl's RLHFDataset from a local file or a hub.",
     )
-    p.add_argument("dataset", choices=sorted(SPECS))
-    src = p.add_mutually_exclusive_group(required=True)
+    p.add_argument("dataset", choices=sorted([*SPECS, "toy"]), help="toy: the learning runs' task (npu_rl.toy)")
+    src = p.add_mutually_exclusive_group()
     src.add_argument("--input", type=Path, nargs="+", help="local .jsonl/.json/.parquet file(s), concatenated")
     src.add_argument("--hub", choices=("modelscope", "hf"), help="download with the hub's library")
     p.add_argument("--repo", help="dataset id on the hub (default: the well-known one for DATASET)")
     p.add_argument("--split", default=None, help="name of the output split (default: train; AIME/MATH-500: test)")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("DATA_DIR", Path.home() / "data")))
     p.add_argument("--skip-invalid", action="store_true", help="drop rows without question/answer (counted)")
+    toy = p.add_argument_group("toy (no input: the rows are drawn here)")
+    toy.add_argument("--train-rows", type=int, default=2048, help="toy: training prompts (default 2048)")
+    toy.add_argument("--val-rows", type=int, default=128, help="toy: validation prompts (default 128)")
+    toy.add_argument("--seed", type=int, default=0, help="toy: seed of the prompts (default 0)")
     return p
 
 
+def write_toy(out: Path, train_rows: int, val_rows: int, seed: int) -> tuple[Path, Path]:
+    """``out/toy/train.parquet`` and ``out/toy/val.parquet``: the toy task (:mod:`npu_rl.toy`), prompts
+    drawn with ``seed``, no validation prompt among the training ones.
+
+    Raises:
+        DataError: fewer than 1 row asked for a split.
+    """
+    from npu_rl import toy
+
+    if train_rows < 1 or val_rows < 1:
+        raise DataError(f"toy: --train-rows and --val-rows must be >= 1 (got {train_rows}, {val_rows})")
+    train = toy.rows(train_rows, "train", seed)
+    seen = {r["extra_info"]["question"] for r in train}
+    val = [r for r in toy.rows(4 * val_rows + 64, "val", seed) if r["extra_info"]["question"] not in seen][:val_rows]
+    for i, r in enumerate(val):
+        r["extra_info"]["index"] = i
+    return write_parquet(train, out / "toy" / "train.parquet"), write_parquet(val, out / "toy" / "val.parquet")
+
+
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if a.dataset == "toy":
+        if a.input or a.hub:
+            parser.error("toy takes no --input or --hub: its rows are drawn here (--train-rows, --val-rows, --seed)")
+        try:
+            paths = write_toy(a.out, a.train_rows, a.val_rows, a.seed)
+        except (DataError, OSError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        print(f"{paths[0]}, {paths[1]}: {a.train_rows} + {a.val_rows} rows of the toy task (seed {a.seed})")
+        return 0
+    if not (a.input or a.hub):
+        parser.error(f"{a.dataset}: give --input FILE... or --hub modelscope|hf")
     spec = SPECS[a.dataset]
     split = a.split or ("test" if a.dataset in ("math500", "aime2024", "aime2025") else "train")
     try:

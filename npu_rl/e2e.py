@@ -93,6 +93,9 @@ class Evidence:
     env: dict[str, str]
     log: str
     checks: list[Check] = field(default_factory=list)
+    #: verl's validation metrics (``val-core/*``, ``val-aux/*``) per step; step 0 is the validation
+    #: before training (``trainer.val_before_train``). They are not training steps.
+    val: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def add(self, name: str, ok: bool, detail: str) -> None:
         self.checks.append(Check(name, bool(ok), detail))
@@ -114,7 +117,25 @@ def load(run_dir: Path) -> Evidence:
     """
     log_path = run_dir / "train.log"
     text = log_path.read_text(encoding="utf-8", errors="replace")
-    return Evidence(run_dir, parse_metrics(text.splitlines()), parse_env(run_dir / "env.txt"), _ANSI.sub("", text))
+    steps, val = split_validation(parse_metrics(text.splitlines()))
+    return Evidence(run_dir, steps, parse_env(run_dir / "env.txt"), _ANSI.sub("", text), val=val)
+
+
+def split_validation(
+    metrics: dict[int, dict[str, float]],
+) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]]]:
+    """(training steps, validation metrics per step): verl logs ``val-*`` keys on the step they were
+    measured at, and the validation before training alone as step 0, which is no training step."""
+    steps: dict[int, dict[str, float]] = {}
+    val: dict[int, dict[str, float]] = {}
+    for step, m in metrics.items():
+        v = {k: x for k, x in m.items() if k.startswith("val-")}
+        t = {k: x for k, x in m.items() if not k.startswith("val-")}
+        if v:
+            val[step] = v
+        if t:
+            steps[step] = t
+    return steps, val
 
 
 def _on(env: dict[str, str], name: str) -> bool:
@@ -178,6 +199,62 @@ def check_weight_sync(ev: Evidence, kl_abs: float, kl_ratio: float, probs_diff_m
         "rollout matches actor",
         len(kl) == n and n > 0 and all(abs(v) <= bound for v in kl),
         f"rollout_corr/kl per step {_fmt(kl)} <= {bound:.3g} (max({kl_abs:g}, {kl_ratio:g} x {movement:.3g}))",
+    )
+
+
+_VAL_SCORE = re.compile(r"val-core/(.+)/(?:reward|acc)/mean@(\d+)")
+
+
+def val_scores(ev: Evidence) -> list[tuple[int, float]]:
+    """(step, validation score) in step order: verl's ``val-core/<data source>/reward/mean@N`` (or
+    ``acc``), averaged over the data sources when there are several."""
+    out = []
+    for step, m in sorted(ev.val.items()):
+        vals = [v for k, v in m.items() if _VAL_SCORE.fullmatch(k)]
+        if vals:
+            out.append((step, sum(vals) / len(vals)))
+    return out
+
+
+def check_learning(ev: Evidence, chance: float, final_min: float) -> None:
+    """The policy learned the task (docs/e2e.md, "Learning runs"): the mean reward of the first two
+    steps is at most 2 x ``chance`` (the task starts unsolved), the last validation score is at least
+    ``final_min``, and the policy gradient ran (advantages of both signs and a non-zero
+    ``actor/pg_loss`` at the first step, when every group has something to learn)."""
+    scores = ev.series("critic/score/mean")
+    first = scores[:2]
+    ev.add(
+        "starts near chance",
+        len(first) == 2 and sum(first) / 2 <= 2 * chance,
+        f"critic/score/mean of steps 1-2 {_fmt(first)}, mean <= 2 x chance ({2 * chance:g})",
+    )
+    val = val_scores(ev)
+    ev.add(
+        "validation solved",
+        bool(val) and val[-1][1] >= final_min,
+        f"validation score per step {[(s, round(v, 3)) for s, v in val]}; the last must be >= {final_min:g}",
+    )
+    steps = sorted(ev.steps)
+    head = ev.steps[steps[0]] if steps else {}
+    adv = (head.get("critic/advantages/min", 0.0), head.get("critic/advantages/max", 0.0))
+    pg = ev.series("actor/pg_loss")
+    ev.add(
+        "policy gradient ran",
+        adv[0] < 0 < adv[1] and any(abs(v) > 0 for v in pg[:1]),
+        f"step {steps[0] if steps else '-'}: critic/advantages min/max {adv[0]:.3g}/{adv[1]:.3g}, "
+        f"actor/pg_loss {_fmt(pg[:1])} (both must be non-zero)",
+    )
+
+
+def check_no_learning(ev: Evidence, chance: float) -> None:
+    """The negative control (learning switched off): every step's mean reward and every validation
+    score stay at most 2 x ``chance``."""
+    scores = ev.series("critic/score/mean")
+    val = [v for _, v in val_scores(ev)]
+    ev.add(
+        "stays at chance",
+        bool(scores) and all(v <= 2 * chance for v in scores + val),
+        f"critic/score/mean {_fmt(scores, 40)} and validation {_fmt(val)} all <= 2 x chance ({2 * chance:g})",
     )
 
 
@@ -362,6 +439,20 @@ def main(argv: list[str] | None = None) -> int:
         help="with recompute_old_log_prob=false: largest |p_actor - p_rollout| accepted per step",
     )
     c.add_argument("--require", nargs="*", default=[], help="features that must be on (names as printed)")
+    c.add_argument(
+        "--learned",
+        type=float,
+        metavar="CHANCE",
+        help="a learning run: starts within 2 x CHANCE (the task's chance reward) and ends with a validation "
+        "score >= --final-val",
+    )
+    c.add_argument("--final-val", type=float, default=0.9, help="with --learned: the last validation score needed")
+    c.add_argument(
+        "--at-chance",
+        type=float,
+        metavar="CHANCE",
+        help="a negative control: every step's reward and validation score stay within 2 x CHANCE",
+    )
     ca = sub.add_parser(
         "check-async",
         help="check a fully-async run's evidence (npu_rl.e2e_async: queue, live weight sync, staleness, partial "
@@ -385,7 +476,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}: the run did not reach its recipe", file=sys.stderr)
         return 1
     check_training(ev, a.min_steps)
-    check_weight_sync(ev, a.kl_abs, a.kl_ratio, a.probs_diff_max)
+    if a.at_chance is None:  # a control that does not learn may not move the policy either
+        check_weight_sync(ev, a.kl_abs, a.kl_ratio, a.probs_diff_max)
+    if a.learned is not None:
+        check_learning(ev, a.learned, a.final_val)
+    if a.at_chance is not None:
+        check_no_learning(ev, a.at_chance)
     check_features(ev)
     check_active_metrics(ev)
     unknown = sorted(set(a.require) - set(FEATURE_CHECKS))

@@ -141,9 +141,7 @@ def write_tiny(
         raise ModelError(f"tiny model: --layers must be >= 1 and --hidden a multiple of 32 (got {layers}, {hidden})")
     tok = tokenizer_files_dir()
     dest = Path(dest)
-    marker = dest / "npu_rl_tiny.json"
-    if dest.exists() and any(dest.iterdir()) and not marker.is_file():
-        raise ModelError(f"{dest} exists and was not written by 'models tiny': choose an empty or new folder")
+    _check_dest(dest, "tiny")
     import hashlib
 
     cfg = json.loads(TINY_CONFIG.read_text(encoding="utf-8"))
@@ -168,10 +166,34 @@ def write_tiny(
         "dtype": dtype,
         "config_sha256": hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest(),
     }
+
+    def embed(model, torch):
+        with torch.no_grad():
+            model.get_input_embeddings().weight[EOS_TOKEN_ID] *= eos_scale
+
+    def files(tmp: Path) -> None:
+        for f in tok.iterdir():
+            if f.is_file():
+                shutil.copy2(f, tmp / f.name)
+        (tmp / "generation_config.json").write_text(
+            json.dumps({"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}, indent=2)
+        )
+
+    return _write_model(dest, cfg, want, seed, dtype, embed, files)
+
+
+def _write_model(dest: Path, cfg: dict, want: dict, seed: int, dtype: str, init, files) -> Path:
+    """Write a seeded random ``Qwen3ForCausalLM`` of config ``cfg`` into ``dest`` atomically (a ``.part``
+    folder renamed into place), unless ``dest`` already holds it (its ``npu_rl_tiny.json`` equals
+    ``want``). ``init(model, torch)`` changes the drawn weights; ``files(folder)`` adds the tokenizer
+    and generation config."""
+    import shutil
+
+    marker = Path(dest) / "npu_rl_tiny.json"
     if (
         marker.is_file()
         and json.loads(marker.read_text(encoding="utf-8")) == want
-        and (dest / "model.safetensors").is_file()
+        and (Path(dest) / "model.safetensors").is_file()
     ):
         return dest  # already this model (same config, seed and dtype): nothing to do
     import torch
@@ -181,22 +203,98 @@ def write_tiny(
     config.architectures = ["Qwen3ForCausalLM"]
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)
-    with torch.no_grad():
-        model.get_input_embeddings().weight[EOS_TOKEN_ID] *= eos_scale
+    init(model, torch)
     model = model.to(getattr(torch, dtype))
     tmp = dest.with_name(dest.name + ".part")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
-    for f in tok.iterdir():
-        if f.is_file():
-            shutil.copy2(f, tmp / f.name)
-    (tmp / "generation_config.json").write_text(
-        json.dumps({"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}, indent=2)
-    )
+    files(tmp)
     (tmp / "npu_rl_tiny.json").write_text(json.dumps(want))
     shutil.rmtree(dest, ignore_errors=True)
     tmp.replace(dest)
     return dest
+
+
+def _check_dest(dest: Path, command: str) -> None:
+    if dest.exists() and any(dest.iterdir()) and not (dest / "npu_rl_tiny.json").is_file():
+        raise ModelError(f"{dest} exists and was not written by 'models {command}': choose an empty or new folder")
+
+
+TOY_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
+    "use_cache": True,
+    "use_sliding_window": False,
+}
+
+
+def toy_config(layers: int = 2, hidden: int = 64) -> dict:
+    """The toy model's ``config.json`` (:mod:`npu_rl.toy`'s vocabulary; heads of 32, the smallest
+    vLLM's CPU attention takes; MLP width ``2 * hidden``).
+
+    Raises:
+        ModelError: ``layers`` < 1 or ``hidden`` not a multiple of 32.
+    """
+    from npu_rl import toy
+
+    if layers < 1 or hidden < 32 or hidden % 32:
+        raise ModelError(f"toy model: --layers must be >= 1 and --hidden a multiple of 32 (got {layers}, {hidden})")
+    vocab = toy.vocabulary()
+    heads = hidden // 32
+    return {
+        **TOY_CONFIG,
+        "vocab_size": len(vocab),
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers,
+        "max_window_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": max(1, heads // 2),
+        "head_dim": 32,
+        "bos_token_id": vocab[toy.PAD],
+        "eos_token_id": vocab[toy.EOS],
+        "pad_token_id": vocab[toy.PAD],
+        "dtype": "float32",
+    }
+
+
+def write_toy(dest: Path, layers: int = 2, hidden: int = 64, seed: int = 0) -> Path:
+    """Write the toy model (:func:`toy_config`, seeded random weights drawn with its
+    ``initializer_range``: next-token distributions near uniform over the 17 tokens) and its tokenizer
+    (:func:`npu_rl.toy.build_tokenizer`) into ``dest``. Same arguments give byte-identical weights.
+
+    Raises:
+        ModelError: bad sizes, or ``dest`` holds files that are not a model this command wrote.
+    """
+    from npu_rl import toy
+
+    dest = Path(dest)
+    cfg = toy_config(layers, hidden)
+    _check_dest(dest, "toy")
+    import hashlib
+
+    want = {
+        "toy": 1,
+        "seed": seed,
+        "config_sha256": hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest(),
+        "vocabulary": list(toy.vocabulary()),
+    }
+    eos, pad = cfg["eos_token_id"], cfg["pad_token_id"]
+
+    def files(tmp: Path) -> None:
+        toy.write_tokenizer(tmp)
+        gen = {"bos_token_id": pad, "eos_token_id": [eos], "pad_token_id": pad}
+        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
+
+    return _write_model(dest, cfg, want, seed, "float32", lambda model, torch: None, files)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -217,12 +315,21 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     t.add_argument("--eos-scale", type=float, default=3.0, help="scale of the <|im_end|> embedding row (lengths)")
+    y = sub.add_parser("toy", help="write the toy model and tokenizer of the learning runs (npu_rl.toy)")
+    y.add_argument("dest", type=Path)
+    y.add_argument("--layers", type=int, default=2)
+    y.add_argument("--hidden", type=int, default=64)
+    y.add_argument("--seed", type=int, default=0)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
+        if a.cmd == "toy":
+            write_toy(a.dest, a.layers, a.hidden, a.seed)
+            print(f"{a.dest}: toy Qwen3 ({a.layers} layers, hidden {a.hidden}, seed {a.seed}; npu_rl.toy's tokenizer)")
+            return 0
         if a.cmd == "tiny":
             write_tiny(a.dest, a.layers, a.hidden, a.seed, a.dtype, a.eos_scale)
             print(f"{a.dest}: tiny Qwen3 ({a.layers} layers, hidden {a.hidden}, seed {a.seed}, {a.dtype})")

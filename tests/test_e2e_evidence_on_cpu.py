@@ -290,3 +290,57 @@ def test_every_switched_on_feature_must_say_it_is_active(tmp_path, capsys):
     lines[3] = _step(2, **both, **{"npu_rl/rollout_rebalance/active": 0.0})
     assert e2e.main(["check", str(_run_dir(tmp_path, lines, env))]) == 1
     assert "0 at: ['npu_rl/rollout_rebalance/active']" in capsys.readouterr().out
+
+
+# --- learning runs (issue 34): the task starts at chance, validation ends solved, the gradient ran ---
+VAL = "val-core/npu_rl/toy_last_digit/reward/mean@1"
+
+
+def _learning_log(scores, val, adv=(-1.2, 2.5), pg=0.03):
+    lines = [f"(TaskRunnerV1 pid=1) step:0 - {VAL}:{val[0]}"]  # validation before training: no training step
+    for i, s in enumerate(scores, 1):
+        extra = {"critic__advantages__min": adv[0], "critic__advantages__max": adv[1], "actor__pg_loss": pg}
+        line = _step(i, critic__score__mean=s, **extra)
+        if i % 10 == 0:
+            line += f" - {VAL}:{val[i // 10]}"
+        lines.append(line)
+    return lines
+
+
+def test_a_learning_run_passes_and_its_validation_step_is_not_a_training_step(tmp_path, capsys):
+    scores = [0.11, 0.13, *[0.2 + 0.03 * i for i in range(28)]]
+    run = _run_dir(tmp_path, _learning_log(scores, [0.12, 0.4, 0.8, 0.95]))
+    ev = e2e.load(run)
+    assert sorted(ev.steps) == list(range(1, 31)) and sorted(ev.val) == [0, 10, 20, 30]
+    assert e2e.val_scores(ev) == [(0, 0.12), (10, 0.4), (20, 0.8), (30, 0.95)]
+    assert e2e.main(["check", str(run), "--min-steps", "30", "--learned", "0.12"]) == 0, capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("scores", "val", "adv", "pg", "failed"),
+    [
+        ([0.3, 0.3, 0.9], [0.1, 0.95], (-1, 1), 0.1, "starts near chance"),  # solved before it learned
+        ([0.1, 0.1, 0.5], [0.1, 0.85], (-1, 1), 0.1, "validation solved"),  # not solved at the end
+        ([0.1, 0.1, 0.9], [0.1], (-1, 1), 0.1, "validation solved"),  # no validation after training
+        ([0.1, 0.1, 0.9], [0.1, 0.95], (0.0, 0.0), 0.1, "policy gradient ran"),  # advantages all 0
+        ([0.1, 0.1, 0.9], [0.1, 0.95], (-1, 1), 0.0, "policy gradient ran"),  # a zero pg loss
+    ],
+)
+def test_learning_evidence_fails_on_each_missing_piece(tmp_path, capsys, scores, val, adv, pg, failed):
+    lines = _learning_log(scores, [val[0]], adv, pg)
+    if len(val) > 1:
+        lines[-1] += f" - {VAL}:{val[1]}"
+    run = _run_dir(tmp_path, lines)
+    assert e2e.main(["check", str(run), "--min-steps", "3", "--learned", "0.12"]) == 1
+    out = capsys.readouterr().out
+    assert [ln.split(":")[0] for ln in out.splitlines() if ln.startswith("MISSING")] == [f"MISSING {failed}"], out
+
+
+def test_the_negative_control_must_stay_at_chance(tmp_path, capsys):
+    (tmp_path / "flat").mkdir()
+    flat = _run_dir(tmp_path / "flat", _learning_log([0.12, 0.1, 0.14], [0.11]))
+    assert e2e.main(["check", str(flat), "--min-steps", "3", "--at-chance", "0.12"]) == 0, capsys.readouterr().out
+    (tmp_path / "rises").mkdir()
+    rises = _run_dir(tmp_path / "rises", _learning_log([0.12, 0.1, 0.3], [0.11]))
+    assert e2e.main(["check", str(rises), "--min-steps", "3", "--at-chance", "0.12"]) == 1
+    assert "MISSING stays at chance" in capsys.readouterr().out

@@ -1,0 +1,137 @@
+"""A task and a model small enough that a CPU run learns it in minutes: the learning runs' world (issue 34).
+
+**The tokenizer**: a word-level vocabulary built with the ``tokenizers`` library, saved in the
+Hugging Face format (``tokenizer.json``, ``tokenizer_config.json`` with a Qwen-style chat template)
+that verl and vLLM load with ``AutoTokenizer``: the special tokens of Qwen3's chat format
+(``<|endoftext|>`` pads, ``<|im_start|>``, ``<|im_end|>`` ends a turn), ``<unk>``, the newline, the
+two role words and the ten digits: 17 tokens. Spaces separate words; a newline and each digit are
+tokens of their own (verl's handling of Qwen chat turns needs ``"\n"`` to be one token).
+
+**The task** (data source :data:`DATA_SOURCE`): the prompt is :data:`DIGITS` random digits, for
+example ``7 2 9 4``; the answer is the last of them (``4``). The reward (:func:`compute_score`, verl's
+``custom_reward_function`` interface) reads the response's first word: 1.0 for the answer, 0.05 for
+another digit (partial credit for the format), 0.0 for anything else. The answer depends on the prompt
+and on nothing else:
+
+- a policy that spreads its first token evenly over the 17-token vocabulary earns 1/17 + 9/17 x
+  0.05 = 0.085; the random model measured 0.12 (tests/test_toy_on_cpu.py): chance;
+- a policy that answers digits without reading the prompt earns at most 0.1 + 0.9 x 0.05 = 0.145;
+- only a policy that reads the prompt reaches 0.9, and one that learned the task earns 1.0.
+
+Why this task: the gap between what reading buys and what anything else buys is wide, so a score of
+0.9 cannot come from format alone or from luck; the answer is one token, so a 2-layer model learns it
+in a few dozen GRPO steps on 2 cores (a pure-PyTorch GRPO of the same model and settings reached a
+greedy validation score of 0.87-0.96 at step 25 over six seeds; the copy of the first digit instead of
+the last was slower and less even); and the validation prompts are ones training never saw (10,000
+possible prompts).
+
+``python -m npu_rl.models toy DEST`` writes the model, ``python -m npu_rl.data toy --out DIR`` the
+data; the learning recipes (``recipes/qwen3-toy``) make both on first use.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+DATA_SOURCE = "npu_rl/toy_last_digit"
+DIGITS = 4
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+WORDS = ["<unk>", "\n", "user", "assistant", *"0123456789"]
+PAD, EOS = "<|endoftext|>", "<|im_end|>"
+FORMAT_CREDIT = 0.05  # the reward of a wrong digit: the format is right
+# The same template as Qwen3's for plain turns (no tools, no thinking).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def vocabulary() -> dict[str, int]:
+    """Token -> id: the special tokens first (ids 0..2), then :data:`WORDS`."""
+    return {t: i for i, t in enumerate([*SPECIAL, *WORDS])}
+
+
+def build_tokenizer():
+    """A ``transformers.PreTrainedTokenizerFast`` over :func:`vocabulary` with the chat template.
+
+    Encoding: whitespace splits words, every digit is a token, the special tokens are matched whole.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(vocab=vocabulary(), unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex("\n"), behavior="isolated"),  # verl's Qwen chat handling needs "\n" as one token
+            pre_tokenizers.Split(Regex("[ \t\r]+"), behavior="removed"),
+            pre_tokenizers.Digits(individual_digits=True),
+        ]
+    )
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins tokens with one space
+    tok.add_special_tokens(SPECIAL)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS, pad_token=PAD, unk_token="<unk>", model_max_length=256
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def answer(digits: str) -> str:
+    """The task's answer for a prompt of digits: the last digit (``"7 2 9 4"`` -> ``"4"``).
+
+    Raises:
+        ValueError: the prompt has no digit.
+    """
+    found = re.findall(r"\d", digits)
+    if not found:
+        raise ValueError(f"toy task: the prompt {digits!r} has no digit")
+    return found[-1]
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info=None, **_) -> float:
+    """verl's ``custom_reward_function`` for :data:`DATA_SOURCE`: the response's first word (of
+    ``solution_str``, the decoded response without special tokens) scores 1.0 when it is
+    ``ground_truth`` (the answer digit), 0.05 when it is another digit, 0.0 otherwise.
+
+    Raises:
+        ValueError: another data source (the recipe routed another dataset here).
+    """
+    if data_source != DATA_SOURCE:
+        raise ValueError(f"toy reward: data source {data_source!r} is not {DATA_SOURCE!r}")
+    words = solution_str.split()
+    if not words:
+        return 0.0
+    if words[0] == ground_truth:
+        return 1.0
+    return FORMAT_CREDIT if len(words[0]) == 1 and words[0].isdigit() else 0.0
+
+
+def rows(n: int, split: str, seed: int) -> list[dict]:
+    """``n`` verl rows (``RLHFDataset``'s layout, like :func:`npu_rl.data.convert`'s) of the task:
+    prompts of :data:`DIGITS` random digits drawn with ``seed``; ``extra_info.index`` unique per split."""
+    rng = random.Random(f"{split}:{seed}")
+    out = []
+    for i in range(n):
+        digits = " ".join(str(rng.randrange(10)) for _ in range(DIGITS))
+        out.append(
+            {
+                "data_source": DATA_SOURCE,
+                "prompt": [{"role": "user", "content": digits}],
+                "ability": "toy",
+                "reward_model": {"style": "rule", "ground_truth": answer(digits)},
+                "extra_info": {"index": i, "split": split, "dataset": "toy", "question": digits},
+            }
+        )
+    return out
+
+
+def write_tokenizer(dest: Path) -> None:
+    """Save :func:`build_tokenizer` into ``dest`` (``tokenizer.json``, ``tokenizer_config.json``, ...)."""
+    build_tokenizer().save_pretrained(dest)
+    cfg = json.loads((Path(dest) / "tokenizer_config.json").read_text())
+    assert cfg.get("chat_template") or (Path(dest) / "chat_template.jinja").is_file()

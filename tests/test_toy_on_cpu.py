@@ -1,0 +1,120 @@
+"""npu_rl.toy and its commands: the learning runs' tokenizer, model, task, data and reward (issue 34).
+
+The tokenizer is loaded back with ``AutoTokenizer`` as verl and vLLM load it; the model with
+transformers' ``Qwen3ForCausalLM``; the chance reward is measured by sampling the random model.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from npu_rl import data, models, toy
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+def _prompt_ids(tok, messages) -> list[int]:
+    """The prompt's token ids as verl's RLHFDataset makes them (the chat template, generation prompt)."""
+    enc = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+    return list(enc["input_ids"])
+
+
+@pytest.fixture(scope="module")
+def toy_model(tmp_path_factory):
+    dest = tmp_path_factory.mktemp("toy") / "Qwen3-toy"
+    assert models.main(["toy", str(dest), "--hidden", "128", "--seed", "0"]) == 0
+    return dest
+
+
+def test_the_tokenizer_loads_with_autotokenizer_and_renders_the_chat_format(toy_model):
+    tok = transformers.AutoTokenizer.from_pretrained(toy_model)
+    ids = _prompt_ids(tok, [{"role": "user", "content": "7 2 9 4"}])
+    assert tok.convert_ids_to_tokens(ids) == [
+        "<|im_start|>", "user", "\n", "7", "2", "9", "4", "<|im_end|>", "\n", "<|im_start|>", "assistant", "\n",
+    ]  # fmt: skip
+    assert tok.encode("\n", add_special_tokens=False) == [tok.convert_tokens_to_ids("\n")]  # verl needs one token
+    assert len(tok) == 17 and tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    assert tok("12 34")["input_ids"] == [tok.convert_tokens_to_ids(c) for c in "1234"]  # one token a digit
+    answer = [tok.convert_tokens_to_ids("4"), tok.eos_token_id]
+    assert tok.decode(answer, skip_special_tokens=True) == "4"
+    assert tok.convert_ids_to_tokens(tok("7 x")["input_ids"]) == ["7", "<unk>"]
+
+
+def test_the_model_is_a_seeded_qwen3_of_the_tokenizers_vocabulary(toy_model, tmp_path):
+    cfg = json.loads((toy_model / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["vocab_size"] == 17
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["head_dim"]) == (128, 2, 32)
+    assert cfg["eos_token_id"] == 2 and cfg["pad_token_id"] == 0
+    again = tmp_path / "again"
+    models.write_toy(again, hidden=128, seed=0)
+    assert (again / "model.safetensors").read_bytes() == (toy_model / "model.safetensors").read_bytes()
+    other = models.write_toy(tmp_path / "other", hidden=128, seed=1)
+    assert (other / "model.safetensors").read_bytes() != (toy_model / "model.safetensors").read_bytes()
+    mtime = (again / "model.safetensors").stat().st_mtime_ns
+    models.write_toy(again, hidden=128, seed=0)  # up to date: nothing rewritten
+    assert (again / "model.safetensors").stat().st_mtime_ns == mtime
+    with pytest.raises(models.ModelError, match="multiple of 32"):
+        models.write_toy(tmp_path / "bad", hidden=48)
+
+
+@pytest.mark.parametrize(
+    ("response", "score"),
+    [
+        ("4", 1.0),
+        ("4 4 1", 1.0),
+        (" 4", 1.0),
+        ("4\n", 1.0),
+        ("3", 0.05),
+        ("3 4", 0.05),
+        ("34", 0.0),
+        ("user 4", 0.0),
+        ("", 0.0),
+        ("<unk>", 0.0),
+    ],
+)
+def test_the_reward_reads_the_first_word(response, score):
+    assert toy.compute_score(toy.DATA_SOURCE, response, "4") == score
+
+
+def test_the_reward_refuses_another_data_source():
+    with pytest.raises(ValueError, match="openai/gsm8k"):
+        toy.compute_score("openai/gsm8k", "4", "4")
+
+
+def test_the_data_command_writes_disjoint_splits_whose_answer_is_the_last_digit(tmp_path):
+    pd = pytest.importorskip("pandas")
+    assert data.main(["toy", "--out", str(tmp_path), "--train-rows", "300", "--val-rows", "50"]) == 0
+    train = pd.read_parquet(tmp_path / "toy" / "train.parquet")
+    val = pd.read_parquet(tmp_path / "toy" / "val.parquet")
+    assert (len(train), len(val)) == (300, 50)
+    for frame in (train, val):
+        for _, row in frame.iterrows():
+            digits = row["prompt"][0]["content"].split()
+            assert len(digits) == 4 and all(len(d) == 1 and d.isdigit() for d in digits)
+            assert row["reward_model"]["ground_truth"] == digits[-1] and row["data_source"] == toy.DATA_SOURCE
+        assert sorted(frame["extra_info"].map(lambda e: e["index"])) == list(range(len(frame)))
+    questions = set(train["extra_info"].map(lambda e: e["question"]))
+    assert not questions & set(val["extra_info"].map(lambda e: e["question"]))
+    with pytest.raises(SystemExit):
+        data.main(["toy", "--out", str(tmp_path), "--hub", "hf"])
+
+
+def test_the_random_model_earns_chance(toy_model):
+    """The documented chance (~0.12) measured: the random model's sampled first words, scored."""
+    tok = transformers.AutoTokenizer.from_pretrained(toy_model)
+    model = transformers.AutoModelForCausalLM.from_pretrained(toy_model)
+    rows = toy.rows(400, "chance", 0)
+    prompts = [_prompt_ids(tok, r["prompt"]) for r in rows]
+    torch.manual_seed(0)
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor(prompts), max_new_tokens=4, do_sample=True, top_k=0, pad_token_id=0, eos_token_id=2
+        )
+    texts = tok.batch_decode(out[:, len(prompts[0]) :], skip_special_tokens=True)
+    truths = [r["reward_model"]["ground_truth"] for r in rows]
+    mean = sum(toy.compute_score(toy.DATA_SOURCE, t, g) for t, g in zip(texts, truths, strict=True)) / len(rows)
+    assert 0.05 <= mean <= 0.15, mean
+    print(f"chance measured: {mean:.3f}")
