@@ -64,8 +64,9 @@ def render(cases: list[tuple[str, float]], top: int, markdown: bool) -> str:
     else:
         out.append(f"seconds per test file ({len(cases)} tests, {total:,.1f} s added up):")
         out += [f"{s:9.1f} s {n:4d} tests  {f}" for f, n, s in files]
-        out.append(f"the {len(slow)} slowest tests:")
-        out += [f"{s:9.1f} s  {t}" for t, s in slow]
+        if slow:
+            out.append(f"the {len(slow)} slowest tests:")
+            out += [f"{s:9.1f} s  {t}" for t, s in slow]
     return "\n".join(out)
 
 
