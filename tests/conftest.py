@@ -68,6 +68,18 @@ def _isolated_git(tmp_path_factory, monkeypatch, _vllm_cache):
         monkeypatch.setenv("VLLM_CACHE_ROOT", str(_vllm_cache))
 
 
+@pytest.fixture
+def no_ray():
+    """For a test of what happens in a process that is not connected to Ray (what vLLM's spawned
+    workers are). A module-scoped Ray fixture (``local_ray``) stays up until its module's last test,
+    so such a test is serial (tests/serial_group.py) and is written before the module's Ray tests:
+    both run on one worker in collection order."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        pytest.fail("Ray is initialized in this process: put this test before the module's local_ray tests")
+    return ray
+
+
 @pytest.fixture(scope="session")
 def lock():
     return load_lock()

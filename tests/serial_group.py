@@ -22,8 +22,9 @@ from __future__ import annotations
 import pytest
 
 GROUP = "serial"
-#: Fixtures that start Ray: a test that uses one is serial without a mark.
-SERIAL_FIXTURES = frozenset({"local_ray"})
+#: Fixtures that start Ray, or need it absent from the process: a test that uses one is serial without
+#: a mark (so a module's Ray-free tests and its Ray tests run on one worker, in the module's order).
+SERIAL_FIXTURES = frozenset({"local_ray", "no_ray"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks

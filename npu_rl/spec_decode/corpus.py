@@ -514,7 +514,7 @@ class SamDrafter:
     def tick(self) -> int:
         """Once per engine step: send finished outputs to the store, start one history lookup (at most
         :data:`HISTORY_KEYS_PER_LOOKUP` new prompts), hand the answers that arrived to the builder
-        (for about ``history_ms_per_step``), and attach the history automata that are ready.
+        (at least one, then for about ``history_ms_per_step``), and attach the history automata that are ready.
 
         Returns the history tokens attached. Nothing here inserts history tokens into a group
         automaton: the builds run on the worker thread ("thread") or, with "inline", here, timed
@@ -540,8 +540,11 @@ class SamDrafter:
                     self._answers.extend(zip(groups, answers, strict=True))
             self._awaiting = still
         # a response the group already holds (its own finished output) is left out by the digest the
-        # store computed; the store lists the best last, the build inserts it last (latest occurrence)
-        while self._answers and time.perf_counter() < t_end:
+        # store computed; the store lists the best last, the build inserts it last (latest occurrence).
+        # At least one answer per tick, even when the lookup ate the budget: the history always progresses
+        progressed = False
+        while self._answers and (not progressed or time.perf_counter() < t_end):
+            progressed = True
             group, got = self._answers.popleft()
             if group.evicted:
                 continue
