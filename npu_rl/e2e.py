@@ -169,8 +169,12 @@ def skips_old_log_prob(ev: Evidence) -> bool:
     return "'recompute_old_log_prob': False" in ev.log
 
 
-def check_weight_sync(ev: Evidence, kl_abs: float, kl_ratio: float, probs_diff_max: float) -> None:
-    """Weights reach the rollout at every step (module docstring: the rule and why)."""
+def check_weight_sync(
+    ev: Evidence, kl_abs: float, kl_ratio: float, probs_diff_max: float, control: bool = False
+) -> None:
+    """Weights reach the rollout at every step (module docstring: the rule and why). ``control``: a
+    negative control whose learning is switched off (lr 0): its policy must not move (every
+    ``actor/ppo_kl`` within ``kl_abs``), and the rollout must still match the actor within ``kl_abs``."""
     n = len(ev.steps)
     sync = ev.series("timing_s/update_weights")
     ev.add(
@@ -189,6 +193,19 @@ def check_weight_sync(ev: Evidence, kl_abs: float, kl_ratio: float, probs_diff_m
     kl = ev.series("rollout_corr/kl")
     movement = max(ev.series("actor/ppo_kl"), default=0.0)
     bound = max(kl_abs, kl_ratio * movement)
+    if control:
+        moves = ev.series("actor/ppo_kl")
+        ev.add(
+            "policy still (control)",
+            len(moves) == n and n > 0 and all(abs(v) <= kl_abs for v in moves),
+            f"actor/ppo_kl per step {_fmt(moves)}: all within {kl_abs:g} (learning switched off)",
+        )
+        ev.add(
+            "rollout matches actor",
+            len(kl) == n and n > 0 and all(abs(v) <= kl_abs for v in kl),
+            f"rollout_corr/kl per step {_fmt(kl)} <= {kl_abs:g}",
+        )
+        return
     ev.add(
         "policy moves between syncs",
         movement > kl_abs,
@@ -476,8 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}: the run did not reach its recipe", file=sys.stderr)
         return 1
     check_training(ev, a.min_steps)
-    if a.at_chance is None:  # a control that does not learn may not move the policy either
-        check_weight_sync(ev, a.kl_abs, a.kl_ratio, a.probs_diff_max)
+    check_weight_sync(ev, a.kl_abs, a.kl_ratio, a.probs_diff_max, control=a.at_chance is not None)
     if a.learned is not None:
         check_learning(ev, a.learned, a.final_val)
     if a.at_chance is not None:

@@ -296,10 +296,11 @@ def test_every_switched_on_feature_must_say_it_is_active(tmp_path, capsys):
 VAL = "val-core/npu_rl/toy_last_digit/reward/mean@1"
 
 
-def _learning_log(scores, val, adv=(-1.2, 2.5), pg=0.03):
+def _learning_log(scores, val, adv=(-1.2, 2.5), pg=0.03, ppo_kl=0.02):
     lines = [f"(TaskRunnerV1 pid=1) step:0 - {VAL}:{val[0]}"]  # validation before training: no training step
     for i, s in enumerate(scores, 1):
         extra = {"critic__advantages__min": adv[0], "critic__advantages__max": adv[1], "actor__pg_loss": pg}
+        extra["actor__ppo_kl"] = ppo_kl
         line = _step(i, critic__score__mean=s, **extra)
         if i % 10 == 0:
             line += f" - {VAL}:{val[i // 10]}"
@@ -336,11 +337,19 @@ def test_learning_evidence_fails_on_each_missing_piece(tmp_path, capsys, scores,
     assert [ln.split(":")[0] for ln in out.splitlines() if ln.startswith("MISSING")] == [f"MISSING {failed}"], out
 
 
-def test_the_negative_control_must_stay_at_chance(tmp_path, capsys):
-    (tmp_path / "flat").mkdir()
-    flat = _run_dir(tmp_path / "flat", _learning_log([0.12, 0.1, 0.14], [0.11]))
-    assert e2e.main(["check", str(flat), "--min-steps", "3", "--at-chance", "0.12"]) == 0, capsys.readouterr().out
-    (tmp_path / "rises").mkdir()
-    rises = _run_dir(tmp_path / "rises", _learning_log([0.12, 0.1, 0.3], [0.11]))
-    assert e2e.main(["check", str(rises), "--min-steps", "3", "--at-chance", "0.12"]) == 1
-    assert "MISSING stays at chance" in capsys.readouterr().out
+def test_the_negative_control_must_stay_at_chance_with_a_still_policy(tmp_path, capsys):
+    """lr 0: the rewards stay within 2 x chance, the policy never moves (actor/ppo_kl ~ 0) and the
+    rollout still matches the actor; a control that learned, or whose policy moved, fails."""
+
+    def control(name, scores, ppo_kl=0.0):
+        (tmp_path / name).mkdir()
+        run = _run_dir(tmp_path / name, _learning_log(scores, [0.11], ppo_kl=ppo_kl))
+        rc = e2e.main(["check", str(run), "--min-steps", "3", "--at-chance", "0.12"])
+        out = capsys.readouterr().out
+        return rc, [ln.split(":")[0] for ln in out.splitlines() if ln.startswith("MISSING")], out
+
+    rc, missing, out = control("flat", [0.12, 0.1, 0.14])
+    assert (rc, missing) == (0, []), out
+    assert "ok      policy still (control): actor/ppo_kl per step [0, 0, 0]" in out
+    assert control("rises", [0.12, 0.1, 0.3])[:2] == (1, ["MISSING stays at chance"])
+    assert control("moved", [0.12, 0.1, 0.14], ppo_kl=0.02)[:2] == (1, ["MISSING policy still (control)"])

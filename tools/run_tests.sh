@@ -102,7 +102,8 @@ tests::upstream() {
 tests::cpu_run() {
     # One run of the CPU recipe through the launcher, then its evidence (npu_rl.e2e). $1: a name,
     # $2: seconds allowed, $3...: npu_rl.e2e check options, then "--", then recipe overrides.
-    # CPU_RUN_RECIPE, CPU_RUN_ENV and CPU_RUN_CHECK (the npu_rl.e2e subcommand) pick another recipe.
+    # CPU_RUN_RECIPE, CPU_RUN_ENV and CPU_RUN_CHECK (the npu_rl.e2e subcommand) pick another recipe;
+    # CPU_RUN_CHANCE is the task's chance score, drawn in the run's report.
     local name="$1" budget="$2" rc=0 run_dir logs
     local recipe="${CPU_RUN_RECIPE:-recipes/qwen3-tiny/grpo_cpu.sh}" env_script="${CPU_RUN_ENV:-recipes/qwen3-tiny/env_cpu.sh}"
     shift 2
@@ -125,6 +126,11 @@ tests::cpu_run() {
     elif ((rc == 0)); then
         (cd "$NPU_RL_ROOT" && "$PY" -P -m npu_rl.e2e "${CPU_RUN_CHECK:-check}" "$run_dir" "${checks[@]}") || rc=$?
     fi
+    if [[ -n "$run_dir" ]] && { [[ -f "$run_dir/metrics.jsonl" ]] || [[ -f "$run_dir/train.log" ]]; }; then
+        # The run's report (also after a failed check: it shows what the run did).
+        (cd "$NPU_RL_ROOT" && "$PY" -P -m npu_rl.report "$run_dir" ${CPU_RUN_CHANCE:+--chance "$CPU_RUN_CHANCE"}) ||
+            { ((rc != 0)) || rc=1; }
+    fi
     if ((rc != 0)); then
         ((rc == 124)) && common::log "$name ran past its ${budget} s budget"
         if [[ -n "$run_dir" && -f "$run_dir/train.log" ]]; then
@@ -139,14 +145,24 @@ tests::cpu_run() {
 }
 
 tests::main_job() {
-    # The project's main check (README, "main job ... runs anywhere"): a real GRPO run on CPU, 2
-    # epochs, 4 steps, every feature that runs on CPU, then the skip-old-log-prob variant (its
-    # validity rules need one mini-batch per step: 1 epoch, 2 steps). 15 minutes for both.
-    local started=$SECONDS total="${NPU_RL_MAIN_JOB_TIMEOUT:-900}"
-    tests::cpu_run main-job "$((total * 3 / 5))" --min-steps 4 \
-        --require "length-aware resampler" "long-tail guard" "rollout rebalance" "rollout progress" "engine GC"
+    # The project's main check (README, "main job ... runs anywhere"; docs/e2e.md, "Learning runs"):
+    # 1. GRPO learns: the toy task goes from chance (0.125) to a validation score >= LEARN_FINAL_VAL in
+    #    20 steps through the real launcher, with the CPU features on (env_cpu_learn.sh);
+    # 2. the negative control: the same run with lr 0 stays within 2 x chance, and its policy never
+    #    moves, so the first run's score cannot come from luck or from the evidence reader;
+    # 3. the skip-old-log-prob variant on the GSM8K recipe (the real Qwen3 tokenizer and verl's GSM8K
+    #    reward; its validity rules need one mini-batch per step: 1 epoch, 2 steps).
+    # Each run writes its report (python -m npu_rl.report) into its run directory.
+    local started=$SECONDS total="${NPU_RL_MAIN_JOB_TIMEOUT:-1500}"
+    local learn=(recipes/qwen3-tiny/grpo_learn_cpu.sh recipes/qwen3-tiny/env_cpu_learn.sh)
+    CPU_RUN_RECIPE="${learn[0]}" CPU_RUN_ENV="${learn[1]}" CPU_RUN_CHANCE=0.125 \
+        tests::cpu_run main-job-learn "$((total * 2 / 5))" --min-steps 20 --learned 0.125 \
+        --final-val "${LEARN_FINAL_VAL:-0.4}" --require "length-aware resampler" "rollout rebalance" "rollout progress" "engine GC"
+    CPU_RUN_RECIPE="${learn[0]}" CPU_RUN_ENV="${learn[1]}" CPU_RUN_CHANCE=0.125 \
+        tests::cpu_run main-job-control "$((total * 2 / 5))" --min-steps 20 --at-chance 0.125 -- \
+        actor_rollout_ref.actor.optim.lr=0 trainer.experiment_name=qwen3-toy-grpo-lr0
     # The variant keeps the resampler (one epoch teaches it nothing) and the guard (its cuts in two
-    # steps are left to chance) off; the main run checks both.
+    # steps are left to chance) off.
     (
         export VLLM_ROLLOUT_EARLY_STOP_ENABLE=0
         tests::cpu_run main-job-onpolicy "$((total - (SECONDS - started)))" --min-steps 2 --require "skip old-log-prob" -- \

@@ -125,6 +125,10 @@ class Launcher:
         self._log_file.write("".join(line + "\n" for line in self._early))
         self._log_file.flush()
         self.env["NPU_RL_RUN_DIR"] = str(run)  # run_verl points Hydra's output folder here
+        # verl's file tracker (trainer.logger with "file"), which python -m npu_rl.report reads. Set
+        # before `ray start`, so the TaskRunner inherits it on whichever node it runs: each node's
+        # launcher points it at that node's own run directory.
+        self.env.setdefault("VERL_FILE_LOGGER_PATH", str(run / "metrics.jsonl"))
         return run
 
     def close(self) -> None:
