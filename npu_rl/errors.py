@@ -157,3 +157,9 @@ class SourcesBusy(NpuRlError):
 class RollbackIncomplete(VerifyError):
     """A failure or interrupt started a rollback that could not restore every tree; the message
     lists each such tree with the reason and the command that fixes it."""
+
+
+class ModelError(NpuRlError):
+    """A model cannot be downloaded or made, or a model directory is incomplete."""
+
+    exit_code = 1

@@ -19,17 +19,11 @@ import os
 import sys
 from pathlib import Path
 
-from npu_rl.errors import NpuRlError
+from npu_rl.errors import ModelError
 
 CONFIG_FILES = ("config.json", "generation_config.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 CONFIG_ONLY_PATTERNS = (*CONFIG_FILES, *TOKENIZER_FILES, "vocab.json", "merges.txt")
-
-
-class ModelError(NpuRlError):
-    """A model cannot be downloaded, or a model directory is incomplete."""
-
-    exit_code = 1
 
 
 def missing_files(model_dir: Path, config_only: bool = False) -> list[str]:

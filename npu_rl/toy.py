@@ -20,13 +20,13 @@ and on nothing else:
 
 Why this task: the gap between what reading buys and what anything else buys is wide, so a score of
 0.9 cannot come from format alone or from luck; the answer is one token, so a 2-layer model learns it
-in a few dozen GRPO steps on 2 cores (a pure-PyTorch GRPO of the same model and settings reached a
-greedy validation score of 0.87-0.96 at step 25 over six seeds; the copy of the first digit instead of
-the last was slower and less even); and the validation prompts are ones training never saw (10,000
-possible prompts).
+in a few dozen GRPO steps on 2 cores; and the validation prompts are ones training never saw (10,000
+possible prompts). How fast is seed-dependent: a pure-PyTorch GRPO of this model, tokenizer and task
+with the recipe's settings reached a greedy validation score between 0.26 and 0.99 at step 20 over
+seeds; the slow runs first settle on answering one digit for every prompt (docs/e2e.md).
 
 ``python -m npu_rl.models toy DEST`` writes the model, ``python -m npu_rl.data toy --out DIR`` the
-data; the learning recipes (``recipes/qwen3-toy``) make both on first use.
+data; the learning recipe (``recipes/qwen3-tiny/grpo_learn_cpu.sh``) makes both on first use.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ import json
 import random
 import re
 from pathlib import Path
+
+from npu_rl.errors import ModelError
 
 DATA_SOURCE = "npu_rl/toy_last_digit"
 DIGITS = 4
@@ -131,7 +133,15 @@ def rows(n: int, split: str, seed: int) -> list[dict]:
 
 
 def write_tokenizer(dest: Path) -> None:
-    """Save :func:`build_tokenizer` into ``dest`` (``tokenizer.json``, ``tokenizer_config.json``, ...)."""
+    """Save :func:`build_tokenizer` into ``dest`` (``tokenizer.json``, ``tokenizer_config.json``, ...).
+
+    Raises:
+        ModelError: the saved tokenizer has no chat template (verl renders every prompt with it).
+    """
     build_tokenizer().save_pretrained(dest)
     cfg = json.loads((Path(dest) / "tokenizer_config.json").read_text())
-    assert cfg.get("chat_template") or (Path(dest) / "chat_template.jinja").is_file()
+    if not (cfg.get("chat_template") or (Path(dest) / "chat_template.jinja").is_file()):
+        raise ModelError(
+            f"{dest}: transformers saved the toy tokenizer without its chat template (neither "
+            "tokenizer_config.json's chat_template nor chat_template.jinja): verl could not render a prompt"
+        )

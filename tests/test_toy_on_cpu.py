@@ -118,3 +118,23 @@ def test_the_random_model_earns_chance(toy_model):
     mean = sum(toy.compute_score(toy.DATA_SOURCE, t, g) for t, g in zip(texts, truths, strict=True)) / len(rows)
     assert 0.05 <= mean <= 0.15, mean
     print(f"chance measured: {mean:.3f}")
+
+
+def test_the_learning_recipes_preflight_reads_the_toy_models_facts():
+    """env_cpu_learn.sh points NPU_RL_MODEL_META at recipes/qwen3-tiny/toy_config.json (the model is
+    made on first use, after the preflight): it must be the config the recipe's model command writes."""
+    import json
+    import re
+
+    from npu_rl import REPO_ROOT
+    from npu_rl.models import toy_config
+    from tests.dryrun import plan
+
+    recipe = REPO_ROOT / "recipes/qwen3-tiny/grpo_learn_cpu.sh"
+    made = re.search(r"npu_rl\.models toy \S+ --hidden (\d+) --seed", recipe.read_text())
+    shipped = json.loads((REPO_ROOT / "recipes/qwen3-tiny/toy_config.json").read_text())
+    assert made and shipped == toy_config(hidden=int(made.group(1)))
+    rc, out, _ = plan(recipe, REPO_ROOT / "recipes/qwen3-tiny/env_cpu_learn.sh")
+    assert rc == 0, out
+    assert "facts from " + str(REPO_ROOT / "recipes/qwen3-tiny/toy_config.json") in out
+    assert "prompt 20 + response 1 <= max_model_len 21 <= max_position_embeddings 128" in out

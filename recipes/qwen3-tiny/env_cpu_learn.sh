@@ -9,6 +9,9 @@
 # Every other CPU feature stays on: the length-aware resampler (the recipe), rollout rebalance,
 # rollout progress and the engine GC guard.
 export VLLM_ROLLOUT_EARLY_STOP_ENABLE="${VLLM_ROLLOUT_EARLY_STOP_ENABLE:-0}"
+# The preflight's model facts (layers, heads, vocabulary, max_position_embeddings 128): the toy
+# model's config.json as python -m npu_rl.models toy writes it (the model itself is made on first use).
+export NPU_RL_MODEL_META="${NPU_RL_MODEL_META:-$NPU_RL_ROOT/recipes/qwen3-tiny/toy_config.json}"
 # shellcheck source=recipes/qwen3-tiny/env_cpu.sh
 source "${NPU_RL_ROOT:?set by the launcher}/recipes/qwen3-tiny/env_cpu.sh"
 # env_cpu.sh tunes the guard; with it off here, its settings would only draw "set but has no effect" warnings.
