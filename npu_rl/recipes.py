@@ -35,6 +35,11 @@ def discover(root: Path = RECIPES_DIR) -> list[tuple[Path, Path | None]]:
     return pairs
 
 
+#: The calling shell's topology variables, which a dry run of a shipped recipe must not inherit (the
+#: recipe's env script sets them; a developer's shell may hold another job's).
+SHELL_TOPOLOGY_VARS = ("NNODES", "NPUS_PER_NODE", "MASTER_ADDR")
+
+
 def dry_run(
     recipe: Path, env_script: Path | None = None, *extra: str, python: str = sys.executable
 ) -> tuple[int, str, dict]:
@@ -42,7 +47,7 @@ def dry_run(
     calling shell removed: (exit code, stdout + stderr, the preflight's facts; empty if it did not run)."""
     with tempfile.TemporaryDirectory() as tmp:
         facts_path = Path(tmp) / "facts.json"
-        env = {k: v for k, v in os.environ.items() if k not in ("NNODES", "NPUS_PER_NODE", "MASTER_ADDR")}
+        env = {k: v for k, v in os.environ.items() if k not in SHELL_TOPOLOGY_VARS}
         env.update(NPU_RL_TRAIN_PYTHON=python, NPU_RL_PLAN_JSON=str(facts_path))
         cmd = ["bash", str(REPO_ROOT / "ray_start_npu.sh"), "--dry-run", str(recipe)]
         cmd += [str(env_script)] if env_script else []

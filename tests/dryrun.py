@@ -34,6 +34,7 @@ import tempfile
 from pathlib import Path
 
 from npu_rl import REPO_ROOT
+from npu_rl.recipes import SHELL_TOPOLOGY_VARS
 from npu_rl.recipes import dry_run as _launcher_dry_run
 
 #: Printed by the stand-in where the preflight's own text goes.
@@ -117,7 +118,7 @@ def _plan(recipe, env_script, extra, _key):
 
     with tempfile.TemporaryDirectory() as tmp, _dry_run_env() as home:
         capture = Path(tmp) / "capture.json"
-        env = {k: v for k, v in os.environ.items() if k not in ("NNODES", "NPUS_PER_NODE", "MASTER_ADDR")}
+        env = {k: v for k, v in os.environ.items() if k not in SHELL_TOPOLOGY_VARS}
         env.update(
             NPU_RL_TRAIN_PYTHON=str(home / "shim"),
             NPU_RL_TEST_REAL_PYTHON=sys.executable,
