@@ -223,10 +223,16 @@ _VAL_SCORE = re.compile(r"val-core/(.+)/(?:reward|acc)/mean@(\d+)")
 
 
 def val_scores(ev: Evidence) -> list[tuple[int, float]]:
-    """(step, validation score) in step order: verl's ``val-core/<data source>/reward/mean@N`` (or
-    ``acc``), averaged over the data sources when there are several."""
+    """(step, validation score) of a run's evidence: :func:`val_scores_of` its ``val`` metrics."""
+    return val_scores_of(ev.val)
+
+
+def val_scores_of(val: dict[int, dict[str, float]]) -> list[tuple[int, float]]:
+    """(step, validation score) in step order from validation metrics per step (as
+    :func:`split_validation` returns them): verl's ``val-core/<data source>/reward/mean@N`` (or
+    ``acc``), averaged over the data sources when there are several; steps without one are left out."""
     out = []
-    for step, m in sorted(ev.val.items()):
+    for step, m in sorted(val.items()):
         vals = [v for k, v in m.items() if _VAL_SCORE.fullmatch(k)]
         if vals:
             out.append((step, sum(vals) / len(vals)))

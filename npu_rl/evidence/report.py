@@ -30,6 +30,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from npu_rl.e2e import parse_metrics, split_validation, val_scores_of
 from npu_rl.errors import NpuRlError, UsageError
 
 METRICS_FILE = "metrics.jsonl"
@@ -57,8 +58,6 @@ FEATURE_PANELS = (
     ("length-aware resampler", re.compile(r"sampler/(batch_len_cv|batch_len_max_over_mean)")),
 )
 
-_VAL_SCORE = re.compile(r"val-core/(.+)/(?:reward|acc)/mean@(\d+)")
-
 
 class ReportError(NpuRlError):
     """The run directory holds nothing to report on (the message names the file and the fix)."""
@@ -83,12 +82,7 @@ class Run:
 
     def val_scores(self) -> list[tuple[int, float]]:
         """(step, validation score): the mean over data sources of ``val-core/*/{acc,reward}/mean@N``."""
-        out = []
-        for step, m in sorted(self.val.items()):
-            vals = [v for k, v in m.items() if _VAL_SCORE.fullmatch(k)]
-            if vals:
-                out.append((step, sum(vals) / len(vals)))
-        return out
+        return val_scores_of(self.val)
 
 
 def _numeric(data: dict) -> dict[str, float]:
@@ -130,8 +124,6 @@ def load(run_dir: Path) -> Run:
     Raises:
         ReportError: ``run_dir`` is not a directory, holds neither file, or no step was logged.
     """
-    from npu_rl.e2e import parse_metrics, split_validation
-
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir}: no such run directory (the launcher prints it as 'logs in ...')")
@@ -173,6 +165,12 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, out: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
 def plot_learning(run: Run, out: Path, chance: float | None) -> bool:
     xs, ys = run.series("critic/score/mean")
     val = run.val_scores()
@@ -191,9 +189,7 @@ def plot_learning(run: Run, out: Path, chance: float | None) -> bool:
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
+    _save(plt, fig, out)
     return True
 
 
@@ -217,9 +213,7 @@ def plot_lengths(run: Run, out: Path) -> bool:
     ax.set_ylabel("tokens")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left")
-    fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
+    _save(plt, fig, out)
     return True
 
 
@@ -238,9 +232,7 @@ def plot_phases(run: Run, out: Path) -> bool:
     ax.set_ylabel("seconds")
     ax.legend(fontsize="small", ncol=2)
     ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
+    _save(plt, fig, out)
     return True
 
 
@@ -263,9 +255,7 @@ def plot_agreement(run: Run, out: Path) -> bool:
     ax.set_xlabel("training step")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
+    _save(plt, fig, out)
     return True
 
 
@@ -293,9 +283,7 @@ def plot_features(run: Run, out: Path) -> bool:
         ax.grid(alpha=0.3)
         ax.legend(fontsize="x-small")
     axes[-1, 0].set_xlabel("training step")
-    fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
+    _save(plt, fig, out)
     return True
 
 
@@ -363,12 +351,13 @@ def render_markdown(run: Run, images: list[str], chance: float | None) -> str:
         _, vals = run.series(key)
         name, ones = key[len("npu_rl/") : -len("/active")], sum(v == 1.0 for v in vals)
         lines.append(f"- {name}: active at {ones}/{len(steps)} steps")
-    for title, series in feature_series(run):
+    panels = feature_series(run)
+    for title, series in panels:
         parts = []
         for key, (_, ys) in series.items():
             parts.append(f"{key} first {_f(ys[0])}, last {_f(ys[-1])}, mean {_f(sum(ys) / len(ys))}")
         lines.append(f"- {title}: " + "; ".join(parts))
-    if not active and not feature_series(run):
+    if not active and not panels:
         lines.append("- no feature metric was logged")
     lines += ["", "## Figures", ""]
     lines += [f"![{name}]({name})" for name in images]
