@@ -284,9 +284,11 @@ def build_parser():
     return p
 
 
-def write_toy(out: Path, train_rows: int, val_rows: int, seed: int) -> tuple[Path, Path]:
+def write_toy(out: Path, train_rows: int, val_rows: int, seed: int) -> tuple[Path, Path, bool]:
     """``out/toy/train.parquet`` and ``out/toy/val.parquet``: the toy task (:mod:`npu_rl.toy`), prompts
-    drawn with ``seed``, no validation prompt among the training ones.
+    drawn with ``seed``, no validation prompt among the training ones. ``out/toy/made.json``, written
+    last, records what was made (task, rows, seed); when it matches and both files are there nothing is
+    written (the third item, ``written``, is then False), so a recipe can call this on every start.
 
     Raises:
         DataError: fewer than 1 row asked for a split.
@@ -295,12 +297,24 @@ def write_toy(out: Path, train_rows: int, val_rows: int, seed: int) -> tuple[Pat
 
     if train_rows < 1 or val_rows < 1:
         raise DataError(f"toy: --train-rows and --val-rows must be >= 1 (got {train_rows}, {val_rows})")
+    paths = (out / "toy" / "train.parquet", out / "toy" / "val.parquet")
+    stamp = out / "toy" / "made.json"
+    want = {"task": toy.DATA_SOURCE, "words": toy.WORDS, "train_rows": train_rows, "val_rows": val_rows, "seed": seed}
+    try:
+        if json.loads(stamp.read_text()) == want and all(p.is_file() for p in paths):
+            return (*paths, False)
+    except (OSError, ValueError):
+        pass  # no stamp, or not ours: make the files
+    stamp.unlink(missing_ok=True)  # a run cut short below leaves no stamp that claims its files
     train = toy.rows(train_rows, "train", seed)
     seen = {r["extra_info"]["question"] for r in train}
     val = [r for r in toy.rows(4 * val_rows + 64, "val", seed) if r["extra_info"]["question"] not in seen][:val_rows]
     for i, r in enumerate(val):
         r["extra_info"]["index"] = i
-    return write_parquet(train, out / "toy" / "train.parquet"), write_parquet(val, out / "toy" / "val.parquet")
+    write_parquet(train, paths[0])
+    write_parquet(val, paths[1])
+    stamp.write_text(json.dumps(want, indent=1) + "\n")
+    return (*paths, True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,11 +324,12 @@ def main(argv: list[str] | None = None) -> int:
         if a.input or a.hub:
             parser.error("toy takes no --input or --hub: its rows are drawn here (--train-rows, --val-rows, --seed)")
         try:
-            paths = write_toy(a.out, a.train_rows, a.val_rows, a.seed)
+            train, val, written = write_toy(a.out, a.train_rows, a.val_rows, a.seed)
         except (DataError, OSError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-        print(f"{paths[0]}, {paths[1]}: {a.train_rows} + {a.val_rows} rows of the toy task (seed {a.seed})")
+        what = "written" if written else "up to date, kept"
+        print(f"{train}, {val}: {a.train_rows} + {a.val_rows} rows of the toy task (seed {a.seed}): {what}")
         return 0
     if not (a.input or a.hub):
         parser.error(f"{a.dataset}: give --input FILE... or --hub modelscope|hf")

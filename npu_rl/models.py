@@ -262,7 +262,7 @@ def toy_config(layers: int = 2, hidden: int = 64) -> dict:
 
 def write_toy(dest: Path, layers: int = 2, hidden: int = 64, seed: int = 0) -> Path:
     """Write the toy model (:func:`toy_config`, seeded random weights drawn with its
-    ``initializer_range``: next-token distributions near uniform over the 17 tokens) and its tokenizer
+    ``initializer_range``: next-token distributions near uniform over the vocabulary) and its tokenizer
     (:func:`npu_rl.toy.build_tokenizer`) into ``dest``. Same arguments give byte-identical weights.
 
     Raises:

@@ -293,7 +293,7 @@ def test_every_switched_on_feature_must_say_it_is_active(tmp_path, capsys):
 
 
 # --- learning runs (issue 34): the task starts at chance, validation ends solved, the gradient ran ---
-VAL = "val-core/npu_rl/toy_last_digit/reward/mean@1"
+VAL = "val-core/npu_rl/toy_find_digit/reward/mean@1"
 
 
 def _learning_log(scores, val, adv=(-1.2, 2.5), pg=0.03, ppo_kl=0.02):

@@ -9,7 +9,7 @@ from npu_rl import report as report_cli
 from npu_rl.evidence import report
 
 PNG = b"\x89PNG\r\n\x1a\n"
-VAL = "val-core/npu_rl/toy_last_digit/acc/mean@1"
+VAL = "val-core/npu_rl/toy_find_digit/acc/mean@1"
 
 
 def _step_metrics(i: int) -> dict:

@@ -25,18 +25,18 @@ def _prompt_ids(tok, messages) -> list[int]:
 @pytest.fixture(scope="module")
 def toy_model(tmp_path_factory):
     dest = tmp_path_factory.mktemp("toy") / "Qwen3-toy"
-    assert models.main(["toy", str(dest), "--hidden", "128", "--seed", "0"]) == 0
+    assert models.main(["toy", str(dest), "--layers", "1", "--hidden", "128", "--seed", "2"]) == 0  # the recipe's
     return dest
 
 
 def test_the_tokenizer_loads_with_autotokenizer_and_renders_the_chat_format(toy_model):
     tok = transformers.AutoTokenizer.from_pretrained(toy_model)
-    ids = _prompt_ids(tok, [{"role": "user", "content": "7 2 9 4"}])
+    ids = _prompt_ids(tok, [{"role": "user", "content": "c 7 a b"}])
     assert tok.convert_ids_to_tokens(ids) == [
-        "<|im_start|>", "user", "\n", "7", "2", "9", "4", "<|im_end|>", "\n", "<|im_start|>", "assistant", "\n",
+        "<|im_start|>", "user", "\n", "c", "7", "a", "b", "<|im_end|>", "\n", "<|im_start|>", "assistant", "\n",
     ]  # fmt: skip
     assert tok.encode("\n", add_special_tokens=False) == [tok.convert_tokens_to_ids("\n")]  # verl needs one token
-    assert len(tok) == 17 and tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    assert len(tok) == 22 and tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
     assert tok("12 34")["input_ids"] == [tok.convert_tokens_to_ids(c) for c in "1234"]  # one token a digit
     answer = [tok.convert_tokens_to_ids("4"), tok.eos_token_id]
     assert tok.decode(answer, skip_special_tokens=True) == "4"
@@ -45,16 +45,16 @@ def test_the_tokenizer_loads_with_autotokenizer_and_renders_the_chat_format(toy_
 
 def test_the_model_is_a_seeded_qwen3_of_the_tokenizers_vocabulary(toy_model, tmp_path):
     cfg = json.loads((toy_model / "config.json").read_text())
-    assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["vocab_size"] == 17
-    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["head_dim"]) == (128, 2, 32)
+    assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["vocab_size"] == 22
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["head_dim"]) == (128, 1, 32)
     assert cfg["eos_token_id"] == 2 and cfg["pad_token_id"] == 0
     again = tmp_path / "again"
-    models.write_toy(again, hidden=128, seed=0)
+    models.write_toy(again, layers=1, hidden=128, seed=2)
     assert (again / "model.safetensors").read_bytes() == (toy_model / "model.safetensors").read_bytes()
-    other = models.write_toy(tmp_path / "other", hidden=128, seed=1)
+    other = models.write_toy(tmp_path / "other", layers=1, hidden=128, seed=1)
     assert (other / "model.safetensors").read_bytes() != (toy_model / "model.safetensors").read_bytes()
     mtime = (again / "model.safetensors").stat().st_mtime_ns
-    models.write_toy(again, hidden=128, seed=0)  # up to date: nothing rewritten
+    models.write_toy(again, layers=1, hidden=128, seed=2)  # up to date: nothing rewritten
     assert (again / "model.safetensors").stat().st_mtime_ns == mtime
     with pytest.raises(models.ModelError, match="multiple of 32"):
         models.write_toy(tmp_path / "bad", hidden=48)
@@ -84,26 +84,52 @@ def test_the_reward_refuses_another_data_source():
         toy.compute_score("openai/gsm8k", "4", "4")
 
 
-def test_the_data_command_writes_disjoint_splits_whose_answer_is_the_last_digit(tmp_path):
+def test_the_data_command_writes_disjoint_splits_whose_answer_is_the_prompts_digit(tmp_path, capsys):
     pd = pytest.importorskip("pandas")
     assert data.main(["toy", "--out", str(tmp_path), "--train-rows", "300", "--val-rows", "50"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith(": written")
     train = pd.read_parquet(tmp_path / "toy" / "train.parquet")
     val = pd.read_parquet(tmp_path / "toy" / "val.parquet")
     assert (len(train), len(val)) == (300, 50)
+    places = set()
     for frame in (train, val):
         for _, row in frame.iterrows():
-            digits = row["prompt"][0]["content"].split()
-            assert len(digits) == 4 and all(len(d) == 1 and d.isdigit() for d in digits)
-            assert row["reward_model"]["ground_truth"] == digits[-1] and row["data_source"] == toy.DATA_SOURCE
+            words = row["prompt"][0]["content"].split()
+            digits = [i for i, w in enumerate(words) if w.isdigit()]
+            assert len(words) == 4 and len(digits) == 1 and len(words[digits[0]]) == 1
+            assert all(w in "abcde" and len(w) == 1 for i, w in enumerate(words) if i != digits[0])
+            assert row["reward_model"]["ground_truth"] == words[digits[0]] and row["data_source"] == toy.DATA_SOURCE
+            places.add(digits[0])
         assert sorted(frame["extra_info"].map(lambda e: e["index"])) == list(range(len(frame)))
+    assert places == {0, 1, 2, 3}  # the digit is not always in one place
     questions = set(train["extra_info"].map(lambda e: e["question"]))
     assert not questions & set(val["extra_info"].map(lambda e: e["question"]))
     with pytest.raises(SystemExit):
         data.main(["toy", "--out", str(tmp_path), "--hub", "hf"])
+    with pytest.raises(ValueError, match="2 digits, not one"):
+        toy.answer("7 2 a b")
+
+
+def test_the_data_command_keeps_data_that_is_up_to_date_and_remakes_the_rest(tmp_path, capsys):
+    pytest.importorskip("pandas")
+    args = ["toy", "--out", str(tmp_path), "--train-rows", "40", "--val-rows", "8"]
+    train = tmp_path / "toy" / "train.parquet"
+    assert data.main(args) == 0
+    made = train.stat().st_mtime_ns
+    capsys.readouterr()
+    assert data.main(args) == 0  # the recipe calls it on every start
+    assert train.stat().st_mtime_ns == made and capsys.readouterr().out.rstrip().endswith(": up to date, kept")
+    assert data.main([*args[:-4], "--train-rows", "41", "--val-rows", "8"]) == 0  # other rows: made again
+    assert capsys.readouterr().out.rstrip().endswith(": written")
+    (tmp_path / "toy" / "made.json").write_text("{not json")  # a stamp that is not ours: made again
+    assert data.main(args) == 0 and capsys.readouterr().out.rstrip().endswith(": written")
+    (tmp_path / "toy" / "val.parquet").unlink()  # a file gone: made again
+    assert data.main(args) == 0 and capsys.readouterr().out.rstrip().endswith(": written")
+    assert (tmp_path / "toy" / "val.parquet").is_file()
 
 
 def test_the_random_model_earns_chance(toy_model):
-    """The documented chance (~0.12) measured: the random model's sampled first words, scored."""
+    """The documented chance (~0.08) measured: the recipe's random model's sampled first words, scored."""
     tok = transformers.AutoTokenizer.from_pretrained(toy_model)
     model = transformers.AutoModelForCausalLM.from_pretrained(toy_model)
     rows = toy.rows(400, "chance", 0)
@@ -116,7 +142,7 @@ def test_the_random_model_earns_chance(toy_model):
     texts = tok.batch_decode(out[:, len(prompts[0]) :], skip_special_tokens=True)
     truths = [r["reward_model"]["ground_truth"] for r in rows]
     mean = sum(toy.compute_score(toy.DATA_SOURCE, t, g) for t, g in zip(texts, truths, strict=True)) / len(rows)
-    assert 0.05 <= mean <= 0.15, mean
+    assert 0.03 <= mean <= 0.1, mean  # below the 0.1 the recipes and CI call chance
     print(f"chance measured: {mean:.3f}")
 
 
@@ -131,9 +157,9 @@ def test_the_learning_recipes_preflight_reads_the_toy_models_facts():
     from tests.dryrun import plan
 
     recipe = REPO_ROOT / "recipes/qwen3-tiny/grpo_learn_cpu.sh"
-    made = re.search(r"npu_rl\.models toy \S+ --hidden (\d+) --seed", recipe.read_text())
+    made = re.search(r"npu_rl\.models toy \S+ --layers (\d+) --hidden (\d+) --seed", recipe.read_text())
     shipped = json.loads((REPO_ROOT / "recipes/qwen3-tiny/toy_config.json").read_text())
-    assert made and shipped == toy_config(hidden=int(made.group(1)))
+    assert made and shipped == toy_config(layers=int(made.group(1)), hidden=int(made.group(2)))
     rc, out, _ = plan(recipe, REPO_ROOT / "recipes/qwen3-tiny/env_cpu_learn.sh")
     assert rc == 0, out
     assert "facts from " + str(REPO_ROOT / "recipes/qwen3-tiny/toy_config.json") in out

@@ -146,7 +146,7 @@ tests::cpu_run() {
 
 tests::main_job() {
     # The project's main check (README, "main job ... runs anywhere"; docs/e2e.md, "Learning runs"):
-    # 1. GRPO learns: the toy task goes from chance (0.125) to a validation score >= LEARN_FINAL_VAL in
+    # 1. GRPO learns: the toy task goes from chance (0.1; npu_rl/toy.py) to a validation score >= LEARN_FINAL_VAL in
     #    20 steps through the real launcher, with the CPU features on (env_cpu_learn.sh);
     # 2. the negative control: the same run with lr 0 stays within 2 x chance, and its policy never
     #    moves, so the first run's score cannot come from luck or from the evidence reader;
@@ -154,12 +154,12 @@ tests::main_job() {
     #    reward; its validity rules need one mini-batch per step: 1 epoch, 2 steps).
     # Each run writes its report (python -m npu_rl.report) into its run directory.
     local started=$SECONDS total="${NPU_RL_MAIN_JOB_TIMEOUT:-1500}"
-    local learn=(recipes/qwen3-tiny/grpo_learn_cpu.sh recipes/qwen3-tiny/env_cpu_learn.sh)
-    CPU_RUN_RECIPE="${learn[0]}" CPU_RUN_ENV="${learn[1]}" CPU_RUN_CHANCE=0.125 \
-        tests::cpu_run main-job-learn "$((total * 2 / 5))" --min-steps 20 --learned 0.125 \
-        --final-val "${LEARN_FINAL_VAL:-0.4}" --require "length-aware resampler" "rollout rebalance" "rollout progress" "engine GC"
-    CPU_RUN_RECIPE="${learn[0]}" CPU_RUN_ENV="${learn[1]}" CPU_RUN_CHANCE=0.125 \
-        tests::cpu_run main-job-control "$((total * 2 / 5))" --min-steps 20 --at-chance 0.125 -- \
+    local learn=(recipes/qwen3-tiny/grpo_learn_cpu.sh recipes/qwen3-tiny/env_cpu_learn.sh) chance=0.1
+    CPU_RUN_RECIPE="${learn[0]}" CPU_RUN_ENV="${learn[1]}" CPU_RUN_CHANCE=$chance \
+        tests::cpu_run main-job-learn "$((total * 2 / 5))" --min-steps 20 --learned $chance \
+        --final-val "${LEARN_FINAL_VAL:-0.9}" --require "length-aware resampler" "rollout rebalance" "rollout progress" "engine GC"
+    CPU_RUN_RECIPE="${learn[0]}" CPU_RUN_ENV="${learn[1]}" CPU_RUN_CHANCE=$chance \
+        tests::cpu_run main-job-control "$((total * 2 / 5))" --min-steps 20 --at-chance $chance -- \
         actor_rollout_ref.actor.optim.lr=0 trainer.experiment_name=qwen3-toy-grpo-lr0
     # The variant keeps the resampler (one epoch teaches it nothing) and the guard (its cuts in two
     # steps are left to chance) off.
