@@ -241,11 +241,14 @@ def test_memory_estimate_names_the_numbers_and_the_hbm():
 
 @pytest.fixture(scope="module")
 def shipped_recipe_plans():
+    """Every shipped recipe's plan (~22 s on 2 cores). Its two tests share an xdist group, so one
+    worker pays for it, not both (xdist hands out tests one by one otherwise)."""
     from npu_rl.recipes import discover
 
     return [(recipe, env, *plan(recipe, env)) for recipe, env in discover()]
 
 
+@pytest.mark.xdist_group("shipped_recipe_plans")
 def test_every_shipped_recipe_passes_its_dry_run(shipped_recipe_plans):
     assert len(shipped_recipe_plans) >= 7
     for recipe, _env, rc, out, facts in shipped_recipe_plans:
@@ -253,6 +256,7 @@ def test_every_shipped_recipe_passes_its_dry_run(shipped_recipe_plans):
         assert "preflight: ok" in out and "plan:" in out and facts["ok"]
 
 
+@pytest.mark.xdist_group("shipped_recipe_plans")
 def test_readme_recipe_table_is_generated_from_the_recipes(shipped_recipe_plans):
     from npu_rl.recipes import recipes_table
 
