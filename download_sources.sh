@@ -6,7 +6,7 @@ set -euo pipefail
 
 main() {
     # shellcheck source=internal/common.sh
-    source "$(dirname "${BASH_SOURCE[0]}")/internal/common.sh"
+    source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/internal/common.sh" # a symlink to this script works too
     common::run_module npu_rl.sources "$@"
 }
 

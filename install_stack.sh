@@ -12,7 +12,7 @@
 set -euo pipefail
 
 # shellcheck source=internal/common.sh
-source "$(dirname "${BASH_SOURCE[0]}")/internal/common.sh"
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/internal/common.sh" # a symlink to this script works too
 
 install::usage() {
     sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'

@@ -9,7 +9,7 @@ set -euo pipefail
 
 main() {
     # shellcheck source=internal/common.sh
-    source "$(dirname "${BASH_SOURCE[0]}")/internal/common.sh"
+    source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/internal/common.sh" # a symlink to this script works too
     # shellcheck source=internal/launch.sh
     source "$NPU_RL_ROOT/internal/launch.sh"
     local arg positional=()

@@ -80,8 +80,9 @@ launch::_source_loose() {
     _NRL_STOPPED_AT=""
     _NRL_STOP_CMD=""
     trap 'launch::_sourced_file_ended' EXIT
-    # BASH_SUBSHELL: an `exit` inside $(...) or ( ... ) ends only that subshell.
-    trap '[[ $BASH_SUBSHELL != 0 ]] || launch::_watch_sourced "${BASH_SOURCE[0]:-?}" "$LINENO" "$BASH_COMMAND"' DEBUG
+    # A plain command as the trap: bash parses the trap's text at every command, and after a
+    # malformed `[[ ... ]` in the sourced file a `[[` there failed to parse ("debug trap: syntax error").
+    trap 'launch::_watch_sourced "${BASH_SOURCE[0]:-?}" "$LINENO" "$BASH_COMMAND"' DEBUG
     set +u -T
     # shellcheck source=/dev/null
     source "$1"
@@ -94,6 +95,8 @@ launch::_source_loose() {
 }
 
 launch::_watch_sourced() {
+    # BASH_SUBSHELL: an `exit` inside $(...) or ( ... ) ends only that subshell.
+    [[ $BASH_SUBSHELL == 0 ]] || return 0
     case "$3" in
         exit | "exit "*)
             _NRL_STOPPED_AT="$1:$2"
@@ -173,13 +176,25 @@ launch::load_env() {
             common::log "error: ENV_SCRIPT $env_script is not a file (usage: $LAUNCH_USAGE)"
             exit 2
         fi
+        # Parse it before sourcing anything of it: a syntax error found halfway would have run the
+        # lines above it (and bash reports it from inside the launcher's own traps).
+        local syntax
+        if ! syntax="$(bash -n "$env_script" 2>&1)"; then
+            common::log "error: ENV_SCRIPT $env_script has a syntax error (bash -n); nothing was sourced or started:"
+            printf '%s\n' "$syntax" >&2
+            exit 2
+        fi
         # While the ENV_SCRIPT is sourced nothing may train: run_verl refuses, and so does any Python
         # that would run main_ppo or start Ray (npu_rl/launch/guard/sitecustomize.py on PYTHONPATH).
         local guard="$NPU_RL_ROOT/npu_rl/launch/guard"
         export NPU_RL_SOURCING_ENV="$env_script"
         export PYTHONPATH="$guard${PYTHONPATH:+:$PYTHONPATH}"
-        launch::_source_loose "$env_script" "ENV_SCRIPT $env_script" ||
-            common::die "sourcing ENV_SCRIPT $env_script failed (exit $?)"
+        local rc=0
+        launch::_source_loose "$env_script" "ENV_SCRIPT $env_script" || rc=$?
+        if ((rc != 0)); then
+            common::log "error: sourcing ENV_SCRIPT $env_script failed (its last command returned $rc; bash's message, if any, is above); nothing was started"
+            exit 2
+        fi
         unset NPU_RL_SOURCING_ENV
         PYTHONPATH=":$PYTHONPATH:"
         PYTHONPATH="${PYTHONPATH//:$guard:/:}"

@@ -221,6 +221,47 @@ def test_an_env_script_that_execs_a_command_is_refused(env, tmp_path):
     assert r.returncode == 2 and f"ENV_SCRIPT {direct} is a train script (line 1: exec python3" in r.stdout
 
 
+NOT_PARSED = "has a syntax error (bash -n); nothing was sourced or started"
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('touch "$MARK"\nexport B="2\n', NOT_PARSED),
+        ('touch "$MARK"\nif true; then\n    export B=2\n', NOT_PARSED),
+        ("export A=1\nif [[ x ]; then\n    export B=2\nfi\n", "failed (its last command returned 2; bash's message"),
+        ("export A=1\nfalse\n", "failed (its last command returned 1; bash's message"),
+    ],
+    ids=["open-quote", "open-if", "bad-conditional", "last-command-fails"],
+)
+def test_an_env_script_that_does_not_parse_or_fails_exits_2_naming_it(env, tmp_path, text, says):
+    """Found by a user: a syntax error exited 1 (undocumented; the message said "exit 2") and one kind
+    printed a spurious ``internal/launch.sh: debug trap: ... syntax error``. What bash -n finds is found
+    before a line of the file runs; what only running finds ends the launcher with 2 as well."""
+    mark = tmp_path / "sourced"
+    env_script = _script(tmp_path / "env_bad.sh", text)
+    r = _launch({**env, "MARK": str(mark)}, "--dry-run", STAND_IN, env_script)
+    assert r.returncode == 2, r.stdout
+    assert f"ENV_SCRIPT {env_script} {says}" in r.stdout
+    assert "debug trap" not in r.stdout and "internal/launch.sh" not in r.stdout, r.stdout
+    assert not mark.exists() and not Path(env["LOG_DIR"]).exists()
+    if "bash -n" in says:
+        assert f"{env_script}: line " in r.stdout  # bash's own words, with the line
+
+
+def test_no_train_script_and_help_say_what_to_give(env):
+    r = _launch(env)
+    assert r.returncode == 2
+    assert "TRAIN_SCRIPT [ENV_SCRIPT] [K=V ...]" in r.stdout and "give a TRAIN_SCRIPT (a recipe)" in r.stdout
+    assert "required" not in r.stdout  # argparse called the optional ENV_SCRIPT "required"
+    h = _launch(env, "--help")
+    assert h.returncode == 0
+    codes = h.stdout.split("exit codes:\n", 1)[1]
+    assert "--dry-run: 0 when the preflight passes" in codes and "an ENV_SCRIPT with a syntax" in codes
+    for entry in re.split(r"\n  (?=\S)", codes.strip()):  # each code's text, continuation lines joined
+        assert re.search(r"[\w)]$", entry.strip()) and not entry.strip().endswith("'s"), entry
+
+
 def test_return_subshell_exits_and_redirections_are_no_false_alarm(env, tmp_path):
     env_script = _script(
         tmp_path / "env_ok.sh",

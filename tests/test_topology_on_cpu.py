@@ -8,7 +8,7 @@ import pytest
 
 from npu_rl.errors import TopologyError
 from npu_rl.launch.cluster import assess
-from npu_rl.launch.environ import derived_env, ray_auth, shown_env
+from npu_rl.launch.environ import derived_env, is_secret, ray_auth, shown_env
 from npu_rl.launch.topology import Probe, resolve_topology
 
 
@@ -119,6 +119,37 @@ def test_derived_env_keeps_explicit_socket_names_and_exports_the_topology():
 def test_secrets_are_never_shown():
     rows = dict(shown_env({"RAY_AUTH_TOKEN": "s3cret", "HCCL_EXEC_TIMEOUT": "3600", "HOME": "/root"}))
     assert rows == {"RAY_AUTH_TOKEN": "<set, hidden>", "HCCL_EXEC_TIMEOUT": "3600"}
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "RAY_AUTH_TOKEN", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "MODELSCOPE_API_TOKEN", "GITHUB_TOKEN",
+        "WANDB_API_KEY", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "SWANLAB_KEY",
+        "NPU_RL_DB_PASSWORD", "PGPASSWORD", "PGPASSWD", "npu_rl_secret", "MLFLOW_TRACKING_PASSWORD",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+    ],
+)  # fmt: skip
+def test_names_that_hold_a_secret_are_secret(key):
+    assert is_secret(key)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS", "TOKENIZERS_PARALLELISM", "VLLM_MAX_TOKENS", "NPU_RL_NUM_TOKENS",
+        "RAY_AUTH_TOKEN_PATH", "NPU_RL_KEYS", "HCCL_EXEC_TIMEOUT", "KEY", "NPU_RL_MONKEY",
+    ],
+)  # fmt: skip
+def test_names_that_only_contain_a_secret_word_are_shown(key):
+    """Found by a user: the environment table hid VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS (a substring match
+    on TOKEN). A whole word of the name decides, and a name that says where a secret is (``_PATH``) is
+    shown: the launcher's own messages name RAY_AUTH_TOKEN_PATH."""
+    assert not is_secret(key)
+    env = {key: "16", "RAY_AUTH_TOKEN": "s3cret"}
+    shown = dict(shown_env(env))
+    assert shown["RAY_AUTH_TOKEN"] == "<set, hidden>"
+    assert shown.get(key, "16") == "16"  # shown as it is where the table shows its prefix
 
 
 def test_ray_token_auth_stays_on_and_token_files_must_be_private(tmp_path):

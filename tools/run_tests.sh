@@ -13,7 +13,7 @@
 set -euo pipefail
 
 # shellcheck source=internal/common.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../internal/common.sh"
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../internal/common.sh" # a symlink to this script works too
 
 VENV="${NPU_RL_VENV:-$NPU_RL_ROOT/.venv}"
 PY="$VENV/bin/python"

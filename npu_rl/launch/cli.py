@@ -39,9 +39,10 @@ EXIT_CODES = """environment (set in ENV_SCRIPT or the shell; defaults make one n
   ASCEND_SET_ENV_FILES (CANN set_env.sh files sourced when present)
 
 exit codes:
-  N   the head exits with TRAIN_SCRIPT's exit code (0 on success); --dry-run with the preflight's
+  N   the head exits with TRAIN_SCRIPT's exit code (0 on success); --dry-run: 0 when the preflight passes
   0   a worker whose head finished and went away
-  2   usage error (missing script, TRAIN_SCRIPT and ENV_SCRIPT swapped, an ENV_SCRIPT that exits or trains)
+  2   usage error (missing script, TRAIN_SCRIPT and ENV_SCRIPT swapped; an ENV_SCRIPT with a syntax
+      error, or one that fails, exits or trains: nothing was started)
   65  the preflight rejected the recipe, or the recipe stopped before its preflight ran (nothing was started)
   69  a Ray node already runs here or the port is taken (its holder named), or the head is unreachable
   70  Ray failed to start or died
@@ -449,6 +450,7 @@ def _seconds(env: Mapping[str, str], key: str, default: float) -> float:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ray_start_npu.sh",
+        usage="%(prog)s [-h] [--dry-run] [--no-preflight] [-v] TRAIN_SCRIPT [ENV_SCRIPT] [K=V ...]",
         description="Start or join the Ray cluster of one training job (the same command on every node); "
         "the head checks the recipe, waits for every NPU, runs TRAIN_SCRIPT and exits with its code.",
         epilog=EXIT_CODES,
@@ -457,7 +459,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="resolve topology and env, run the preflight; start nothing")
     p.add_argument("--no-preflight", action="store_true", help="head: skip the preflight (not recommended)")
     p.add_argument("-v", "--verbose", action="store_true", help="print every environment variable (with its origin)")
-    p.add_argument("train_script", type=Path, help="recipe: a bash script that ends with run_verl ...")
+    p.add_argument(
+        "train_script",
+        type=Path,
+        nargs="?",  # checked after parsing: argparse would call the optional ENV_SCRIPT "required" too
+        metavar="TRAIN_SCRIPT",
+        help="recipe: a bash script that ends with run_verl ...",
+    )
     p.add_argument(
         "rest",
         nargs=argparse.REMAINDER,
@@ -506,7 +514,13 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         err(f"unknown option {unknown[0]} (options: --dry-run, --no-preflight, --verbose, --help)")
         return 2
-    args = build_parser().parse_args(flags + [a for a in argv if a not in flags])
+    parser = build_parser()
+    args = parser.parse_args(flags + [a for a in argv if a not in flags])
+    if args.train_script is None:
+        parser.error(
+            "give a TRAIN_SCRIPT (a recipe), then optionally its ENV_SCRIPT and Hydra overrides, e.g.: bash "
+            "ray_start_npu.sh recipes/qwen3-tiny/grpo_learn_cpu.sh recipes/qwen3-tiny/env_cpu_learn.sh"
+        )
     rest = list(args.rest)
     env_script = Path(rest.pop(0)) if rest and "=" not in rest[0] else None
     for script in (args.train_script, env_script):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,12 +32,27 @@ SHOWN_PREFIXES = (
     "NODE_WAIT_TIMEOUT",
     "WORKER_JOIN_TIMEOUT",
 )
-_SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL", re.IGNORECASE)
+# Words of a variable's name (split at "_", any case) that say its value is a secret...
+_SECRET_WORDS = frozenset({"TOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "APIKEY"})
+# ... "KEY" after one of these, or as the last word (WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, HF_KEY) ...
+_KEY_AFTER = frozenset({"API", "ACCESS", "PRIVATE", "SECRET", "AUTH", "SIGNING", "ENCRYPTION"})
+# ... unless the name ends in a word that says the value is where the secret lives (a path is not secret).
+_LOCATION_WORDS = frozenset({"PATH", "FILE", "DIR"})
 
 
 def is_secret(key: str) -> bool:
-    """True for variables whose value must never be printed or written to a log."""
-    return bool(_SECRET.search(key))
+    """True for variables whose value must never be printed or written to a log: a word of the name
+    (split at ``_``) is or ends in a secret word (``HF_TOKEN``, ``RAY_AUTH_TOKEN``, ``PGPASSWORD``), or
+    ``KEY`` follows ``API``/``ACCESS``/... or ends the name (``WANDB_API_KEY``, ``AWS_SECRET_ACCESS_KEY``).
+    Words that only contain one are not (``VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS``, ``TOKENIZERS_PARALLELISM``,
+    ``MAX_TOKENS``), nor are names that end in ``PATH``/``FILE``/``DIR`` (``RAY_AUTH_TOKEN_PATH``: where
+    the token is, which the launcher's messages name)."""
+    words = [w for w in key.upper().split("_") if w]
+    if not words or words[-1] in _LOCATION_WORDS:
+        return False
+    if any(w.endswith(s) for w in words for s in _SECRET_WORDS):  # PGPASSWORD, GITHUB_APITOKEN
+        return True
+    return any(w == "KEY" and (i == len(words) - 1 or words[i - 1] in _KEY_AFTER) for i, w in enumerate(words) if i)
 
 
 def derived_env(topo: Topology, env: Mapping[str, str]) -> dict[str, str]:

@@ -140,6 +140,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     checks.check_batches(step_cfg, lay, report)
     checks.check_ignored_batch_keys(cfg, report)
     checks.check_reward_and_dapo(cfg, report)
+    checks.check_algorithm(cfg, report)
     memo = _open_memo(cfg, cli.injected, env, config_json, report)
     with memo.stage("verl validate_config", report) as run:
         if run:

@@ -39,6 +39,9 @@ def check_values(cfg, report: Report, zero_train_batch: bool = False) -> bool:
         f"{R}.tensor_model_parallel_size", f"{R}.data_parallel_size", f"{R}.pipeline_model_parallel_size",
         f"{R}.expert_parallel_size", f"{R}.max_model_len", f"{R}.max_num_batched_tokens", f"{R}.max_num_seqs",
         f"{A}.ppo_micro_batch_size_per_gpu", f"{A}.ppo_max_token_len_per_gpu", f"{A}.ulysses_sequence_parallel_size",
+        # 0 epochs trains nothing (verl's loop never starts; on Megatron its lr scheduler asserts
+        # lr_decay_steps > 0 after Ray is up and the model placed); total_training_steps may be unset
+        "trainer.total_epochs", "trainer.total_training_steps",
     ]  # fmt: skip
     if zero_train_batch:
         positive.remove("data.train_batch_size")
@@ -674,3 +677,68 @@ def check_reward_and_dapo(cfg, report: Report) -> None:
             "is ignored by verl 0.9.1's V1 trainer",
             f"bound concurrent generation with {fg}.max_inflight_gen_batches",
         )
+
+
+def check_algorithm(cfg, report: Report) -> None:
+    """What the advantage estimator needs, judged from verl's own code rather than a list of names:
+
+    - its registry (``core_algos.get_adv_estimator_fn``): an unknown name is refused with the
+      registered ones;
+    - its signature: an estimator that takes ``index`` (the prompt's group id) compares the samples of
+      a group, so it needs ``rollout.n >= 2``; with one sample verl's GRPO gives the group mean 0 and
+      std 1 and the advantage is the raw reward (REINFORCE without a baseline), RLOO divides by n - 1;
+    - ``verl.trainer.ppo.utils.need_critic``: an estimator that trains a critic (GAE) needs
+      ``critic.model.path``, which verl's yaml leaves at a placeholder model.
+    """
+    import inspect
+    import warnings
+
+    from verl.trainer.ppo import core_algos
+    from verl.trainer.ppo.utils import need_critic
+
+    key = "algorithm.adv_estimator"
+    name = str(sel(cfg, key, "gae"))
+    try:
+        fn = core_algos.get_adv_estimator_fn(name)
+    except ValueError:
+        names = sorted(core_algos.ADV_ESTIMATOR_REGISTRY)
+        close = difflib.get_close_matches(name, names, n=1)
+        report.error(
+            key,
+            f"'{name}' is not an advantage estimator verl registers ({', '.join(names)})",
+            f"did you mean {close[0]}?" if close else "grpo for group-relative advantages, gae with a critic",
+        )
+        return
+    n = sel(cfg, f"{R}.n", 1)
+    if "index" in inspect.signature(fn).parameters and isinstance(n, int) and n < 2:
+        report.error(
+            f"{R}.n",
+            f"= {n} with {key}={name}: {name} compares the {n} sample(s) of each prompt's group, and a group "
+            "of one has nothing to compare with (verl's grpo gives it mean 0 and std 1, so the advantage "
+            "is the raw reward: REINFORCE without a baseline)",
+            f"set {R}.n >= 2 (the GRPO recipes use 8-16), or {key}=reinforce_plus_plus for one sample per prompt",
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # need_critic warns "Disabled critic" for every critic-free estimator
+        critic = need_critic(cfg)
+    if critic:
+        path = str(sel(cfg, "critic.model.path", "") or "")
+        if not path or path == _verl_default("critic.model.path"):
+            report.error(
+                "critic.model.path",
+                f"{key}={name} trains a critic (verl's need_critic), and critic.model.path is "
+                f"{'unset' if not path else f'verl placeholder {path!r}'}",
+                "set critic.model.path (a value model, or the actor's path to start the critic from the policy), "
+                f"or use a critic-free estimator ({key}=grpo with {R}.n >= 2)",
+            )
+
+
+def _verl_default(key: str):
+    """``key``'s value in the pinned verl's generated trainer yaml (its defaults, read, not copied)."""
+    from omegaconf import OmegaConf
+
+    from npu_rl.preflight.compose import verl_package_dir
+
+    return OmegaConf.select(
+        OmegaConf.load(verl_package_dir() / "trainer" / "config" / "_generated_ppo_trainer.yaml"), key, default=None
+    )
