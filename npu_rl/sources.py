@@ -113,11 +113,18 @@ class Downloader:
     def fetch(self, up: Upstream | Artifact) -> tuple[Path, str]:
         """Return the verified archive of ``up`` in the cache and how it got there.
 
-        States: ``cached`` (present and verified), ``downloaded``, ``re-downloaded`` (a cached
-        copy was truncated or corrupt, or an interrupted download was left behind).
+        States: ``cached`` (present and verified), ``downloaded``, ``re-downloaded`` (a cached copy
+        that the index showed damaged was replaced, or an interrupted download was left behind).
+
+        Three witnesses decide who is wrong when the cached file does not have the locked sha256:
+        the cache, the index (its published digest, else a fresh download) and ``sources.lock``. A
+        cached file is replaced only when the index's file matches the lock; when the cache and the
+        index agree against the lock, the lock is named and nothing is deleted; when the index cannot
+        be reached, the cached file is kept.
 
         Raises:
-            DigestError: the index served a file whose sha256 is not the locked one (deleted).
+            DigestError: the index's file does not have the locked sha256 (the download is deleted; a
+                cached file is kept), or the cache and the index agree and the lock differs.
             SourceError: the index does not list the locked file, or the download failed.
         """
         assert up.pypi is not None
@@ -137,28 +144,56 @@ class Downloader:
             self.log(f"{up.name}: removing {part.name} left by an interrupted download")
             part.unlink()
             again = True
-        if final.exists():
-            got = sha256_of(final)
-            if got == up.pypi.sha256:
-                return final, "cached"
+        cached = sha256_of(final) if final.exists() else None
+        if cached == up.pypi.sha256:
+            return final, "cached"
+        if cached:
             self.log(
-                f"{up.name}: cached {final.name} is truncated or corrupt (sha256 {got[:12]}..., "
-                f"{final.stat().st_size} bytes); fetching it again"
+                f"{up.name}: cached {final.name} has sha256 {cached[:12]}... ({final.stat().st_size} bytes), "
+                f"sources.lock pins {up.pypi.sha256[:12]}...; asking {self._index_label()} which is right "
+                "(the cached file is kept until then)"
             )
-            final.unlink()
-            again = True
-        pkg = self._find(up.name, up.pypi.project, up.pypi.filename, hint="is the mirror complete?")
-        self._download(up.name, pkg, part)
+        kept = f" The cached {final} was kept." if cached else ""
+        try:
+            pkg = self._find(up.name, up.pypi.project, up.pypi.filename, hint="is the mirror complete?")
+            published = (pkg.digests or {}).get("sha256")
+            if cached and published == cached:  # the index's own digest sides with the cache
+                raise DigestError(
+                    self._lock_suspect(up, cached, f"the index's published sha256 ({self._index_label()})")
+                )
+            self._download(up.name, pkg, part)
+        except SourceError as e:
+            if cached and not isinstance(e, DigestError):
+                raise type(e)(
+                    f"{e}.{kept} It does not have the sha256 sources.lock pins; which one is wrong "
+                    "is unknown until the index can be read"
+                ) from None
+            raise
         got = sha256_of(part)
         if got != up.pypi.sha256:
             part.unlink()
+            if got == cached:
+                raise DigestError(self._lock_suspect(up, cached, f"a fresh download from {self._index_label()}"))
+            git_hint = " or use --from git," if getattr(up, "commit", None) else ""
             raise DigestError(
                 f"{up.name}: {up.pypi.filename} from {self._index_label()} has sha256 {got}, "
-                f"but sources.lock pins {up.pypi.sha256}. The file was deleted. If your index is a mirror, "
-                "it serves a different file under this name: fix the mirror, or use --from git."
+                f"but sources.lock pins {up.pypi.sha256}. The download was deleted.{kept} If your index is a "
+                f"mirror, it serves a different file under this name: fix the mirror,{git_hint} or check the "
+                "pin in sources.lock against the project's published sha256."
             )
+        if cached:
+            self.log(f"{up.name}: the index's {final.name} matches sources.lock: the cached copy was damaged, replaced")
         os.replace(part, final)
-        return final, "re-downloaded" if again else "downloaded"
+        return final, "re-downloaded" if again or cached else "downloaded"
+
+    @staticmethod
+    def _lock_suspect(up: Upstream | Artifact, digest: str, witness: str) -> str:
+        return (
+            f"{up.name}: sources.lock pins sha256 {up.pypi.sha256} for {up.pypi.filename}, but the cached "
+            f"file and {witness} both have {digest}: sources.lock is the likely culprit (an edit or a "
+            "typo). Nothing was deleted. Compare the pin with the project's published sha256 and correct "
+            "sources.lock (or restore it: git checkout sources.lock)."
+        )
 
     def fetch_release(self, name: str, project: str, filename: str) -> tuple[Path, str, str]:
         """Fetch a release archive that the lock does not pin yet (``bump``): return its path in

@@ -83,8 +83,65 @@ def test_truncated_cached_archive_is_fetched_again(env, tmp_path, local_index, a
     (env / "archives" / up.pypi.filename).write_bytes(full[: len(full) // 3])
     assert download("mbridge", dest=tmp_path / "sources") == 0
     captured = capsys.readouterr()
-    assert "truncated or corrupt" in captured.err and "re-downloaded, unpacked" in captured.out
+    assert "the cached copy was damaged, replaced" in captured.err and "re-downloaded, unpacked" in captured.out
     assert sha256_of(env / "archives" / up.pypi.filename) == up.pypi.sha256
+
+
+def _one_digit_off(up):
+    """``up`` with one hex digit of its locked sha256 changed (a typo in sources.lock)."""
+    wrong = up.pypi.sha256[:-1] + ("0" if up.pypi.sha256[-1] != "0" else "1")
+    return dataclasses.replace(up, pypi=dataclasses.replace(up.pypi, sha256=wrong))
+
+
+@pytest.mark.parametrize("publish", [True, False], ids=["index-publishes-sha256", "fresh-download"])
+def test_a_typo_in_the_lock_blames_the_lock_and_keeps_the_valid_cached_archive(
+    env, tmp_path, local_index, archive, lock, publish
+):
+    """Found by a user: one wrong hex digit in sources.lock made the tool call the valid cached archive
+    "truncated or corrupt", blame the mirror and delete the archive (on an air-gapped cluster the only
+    copy). When the cache and the index agree, the lock is the suspect and nothing is deleted."""
+    up = lock.get("mbridge")
+    local_index.add(up.pypi.project, archive("mbridge"), publish_sha256=publish)
+    cached = env / "archives" / up.pypi.filename
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(archive("mbridge").read_bytes())
+    before = cached.stat().st_mtime_ns
+    with pytest.raises(DigestError) as err:
+        Downloader(env, log=lambda m: None).fetch(_one_digit_off(up))
+    msg = str(err.value)
+    assert "sources.lock is the likely culprit" in msg and "Nothing was deleted" in msg
+    assert ("the index's published sha256" if publish else "a fresh download from") in msg
+    assert "truncated" not in msg and "fix the mirror" not in msg
+    assert cached.stat().st_mtime_ns == before and sha256_of(cached) == up.pypi.sha256
+    assert not [p.name for p in cached.parent.iterdir() if p.name.endswith(".part")]
+    assert len(file_requests(local_index)) == (0 if publish else 1)  # the published digest is enough
+
+
+def test_a_cache_that_disagrees_with_the_lock_is_kept_when_the_index_is_unreachable(env, archive, lock, monkeypatch):
+    up = lock.get("mbridge")
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple/")  # nothing listens on the discard port
+    cached = env / "archives" / up.pypi.filename
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(archive("mbridge").read_bytes())
+    with pytest.raises(SourceUnreachable, match="was kept.*which one is wrong is unknown"):
+        Downloader(env, log=lambda m: None).fetch(_one_digit_off(up))
+    assert sha256_of(cached) == up.pypi.sha256
+
+
+def test_a_mirror_serving_another_file_keeps_the_cached_archive(env, tmp_path, local_index, archive, lock):
+    """Three different digests (cache, index, lock): the download is deleted, the cached file kept."""
+    up = lock.get("mbridge")
+    bad = tmp_path / "bad.tar.gz"
+    data = bytearray(archive("mbridge").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    local_index.add(up.pypi.project, bad, served_name=up.pypi.filename)
+    cached = env / "archives" / up.pypi.filename
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"an older, different file")
+    with pytest.raises(DigestError, match="The download was deleted. The cached .* was kept"):
+        Downloader(env, log=lambda m: None).fetch(up)
+    assert cached.read_bytes() == b"an older, different file"
 
 
 def test_interrupted_download_part_file_is_discarded(env, tmp_path, local_index, archive, lock, capsys):
