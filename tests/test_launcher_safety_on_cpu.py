@@ -463,6 +463,7 @@ def test_the_dry_run_prints_the_plan_first_then_a_short_environment(env):
     plan = next(i for i, ln in enumerate(lines) if ln.startswith("preflight of"))
     table = next(i for i, ln in enumerate(lines) if ln.startswith("environment"))
     assert plan < table and "dry run: the preflight passed (exit 0)" in lines[-1]
+    assert not [ln for ln in lines[:plan] if "Warning" in ln or "warnings.warn" in ln], lines[:plan]  # issue 38
     assert "--verbose shows" in lines[table]
     rows = lines[table + 2 : len(lines) - 1]
     assert len(rows) <= 20, "\n".join(rows)

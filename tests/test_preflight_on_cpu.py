@@ -663,3 +663,27 @@ def test_zero_epochs_or_steps_is_refused_before_anything_starts(key):
     OmegaConf.update(cfg, key, 0, force_add=True)
     assert not check_values(cfg, report)
     assert "it must be a whole number >= 1" in {p.key: p for p in report.errors}[key].message
+
+
+def test_warnings_of_library_imports_are_held_back_and_others_still_print(tmp_path, monkeypatch):
+    """Found by a user: a dry run printed ~20 lines of library warnings (verl's optional engines,
+    megatron-core's Transformer Engine / Apex fallbacks) before the plan. Those come from modules'
+    top-level code; they are counted into one line, and a warning at run time still prints."""
+    import importlib
+    import warnings
+
+    from npu_rl.preflight.__main__ import ImportNotices
+
+    (tmp_path / "noisy_optional_engine.py").write_text(
+        "import warnings\nwarnings.warn('fancy engine is not available: no module named fancy')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with warnings.catch_warnings(record=True) as shown:  # what would reach the screen
+        warnings.simplefilter("always")
+        with ImportNotices() as notices:
+            importlib.import_module("noisy_optional_engine")
+            warnings.warn("max_num_seqs is ignored here", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in shown] == ["max_num_seqs is ignored here"]
+    assert notices.held == ["UserWarning: fancy engine is not available: no module named fancy"]
+    assert notices.summary().startswith("note: 1 warning(s) while importing the libraries")
+    assert ImportNotices().summary() == ""

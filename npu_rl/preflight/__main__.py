@@ -4,10 +4,54 @@ import argparse
 import json
 import os
 import sys
+import warnings
 
 from npu_rl import REPO_ROOT
 from npu_rl.preflight import check_command
 from npu_rl.preflight.async_trainers import TRAINERS
+
+
+class ImportNotices:
+    """Hold back the warnings libraries emit while they are being imported (verl's optional engines,
+    megatron-core's Transformer Engine / Apex fallbacks: ~20 lines before the plan of every dry run);
+    they are about this machine's optional packages, not the recipe. Every other warning prints as
+    before. :meth:`summary` is one line for the end, or "" when there were none."""
+
+    def __init__(self) -> None:
+        self.held: list[str] = []
+        self._show = warnings.showwarning
+
+    def __enter__(self) -> "ImportNotices":
+        self._show = warnings.showwarning
+        warnings.showwarning = self._hook
+        return self
+
+    def __exit__(self, *exc) -> None:
+        warnings.showwarning = self._show
+
+    def _hook(self, message, category, filename, lineno, file=None, line=None) -> None:
+        if _importing():
+            self.held.append(f"{category.__name__}: {message}")
+        else:
+            self._show(message, category, filename, lineno, file, line)
+
+    def summary(self) -> str:
+        if not self.held:
+            return ""
+        return (
+            f"note: {len(self.held)} warning(s) while importing the libraries, about optional packages "
+            f"this machine lacks, not about the recipe (the first: {self.held[0][:120]})"
+        )
+
+
+def _importing() -> bool:
+    """True when the warning is raised by a module's top-level code (an importlib frame is on the stack)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("args", nargs=argparse.REMAINDER, help="-- then the main_ppo command line")
         a = p.parse_args(argv[1:])
         args = a.args[1:] if a.args[:1] == ["--"] else a.args
-        code, text, facts = check_command(args, os.environ, a.trainer, a.recipe)
+        with ImportNotices() as notices:
+            code, text, facts = check_command(args, os.environ, a.trainer, a.recipe)
         facts_path = os.environ.get("NPU_RL_PLAN_JSON")
         if facts_path:
             with open(facts_path, "w") as f:
@@ -34,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             with open(mark, "w") as f:
                 f.write("ok\n")
         print(text, flush=True)
+        if notices.summary():
+            print(notices.summary(), file=sys.stderr, flush=True)
         return code
     p = argparse.ArgumentParser(
         prog="python -m npu_rl.preflight",
