@@ -246,12 +246,16 @@ def check_learning(ev: Evidence, chance: float, final_min: float) -> None:
     ``actor/pg_loss`` at the first step, when every group has something to learn)."""
     scores = ev.series("critic/score/mean")
     first = scores[:2]
+    val = val_scores(ev)
+    # The validation before training too, where there is one: a shaped reward (DAPO's overlong
+    # penalty) can push the training score below chance whatever the policy knows.
+    before = [v for s, v in val if s == 0]
     ev.add(
         "starts near chance",
-        len(first) == 2 and sum(first) / 2 <= 2 * chance,
-        f"critic/score/mean of steps 1-2 {_fmt(first)}, mean <= 2 x chance ({2 * chance:g})",
+        len(first) == 2 and sum(first) / 2 <= 2 * chance and all(v <= 2 * chance for v in before),
+        f"critic/score/mean of steps 1-2 {_fmt(first)}, mean <= 2 x chance ({2 * chance:g})"
+        + (f"; validation before training {before[0]:.3g} <= {2 * chance:g}" if before else ""),
     )
-    val = val_scores(ev)
     ev.add(
         "validation solved",
         bool(val) and val[-1][1] >= final_min,
@@ -266,6 +270,37 @@ def check_learning(ev: Evidence, chance: float, final_min: float) -> None:
         adv[0] < 0 < adv[1] and any(abs(v) > 0 for v in pg[:1]),
         f"step {steps[0] if steps else '-'}: critic/advantages min/max {adv[0]:.3g}/{adv[1]:.3g}, "
         f"actor/pg_loss {_fmt(pg[:1])} (both must be non-zero)",
+    )
+
+
+_OVERLONG = re.compile(r"val-aux/(.+)/overlong/mean@(\d+)")
+
+
+def check_dapo(ev: Evidence) -> None:
+    """DAPO's two run-time mechanisms acted (docs/e2e.md, "Learning runs"):
+
+    - dynamic sampling: verl's V1 replay buffer dropped groups whose responses all scored the same
+      (``training/filter_groups/evicted_samples`` > 0 at some step) and refilled the batch;
+    - the overlong reward shaping: the dapo reward manager logged it (``val-aux/<source>/overlong/mean@N``,
+      the share of validation responses inside the overlong buffer, with ``overlong_buffer_cfg.log``),
+      and that share fell from the first validation to the last (the policy learned to stop in time).
+    """
+    evicted = ev.series("training/filter_groups/evicted_samples")
+    ev.add(
+        "dynamic sampling dropped groups",
+        sum(evicted) > 0,
+        f"training/filter_groups/evicted_samples at {len(evicted)} step(s), {sum(evicted):g} in all (must be > 0)",
+    )
+    share = []
+    for step, m in sorted(ev.val.items()):
+        vals = [v for k, v in m.items() if _OVERLONG.fullmatch(k)]
+        if vals:
+            share.append((step, sum(vals) / len(vals)))
+    ev.add(
+        "overlong shaping acted",
+        len(share) >= 2 and share[-1][1] < share[0][1],
+        f"share of overlong validation responses per step {[(s, round(v, 3)) for s, v in share]}; "
+        "the last must be below the first (overlong_buffer_cfg.log=True logs it)",
     )
 
 
@@ -471,6 +506,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     c.add_argument("--final-val", type=float, default=0.9, help="with --learned: the last validation score needed")
     c.add_argument(
+        "--dapo",
+        action="store_true",
+        help="a DAPO run: dynamic sampling dropped groups and the overlong shaping shortened the responses",
+    )
+    c.add_argument(
         "--at-chance",
         type=float,
         metavar="CHANCE",
@@ -490,6 +530,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="fail unless a trajectory was interrupted at a weight sync and resumed",
     )
+    ca.add_argument(
+        "--learned",
+        type=float,
+        metavar="CHANCE",
+        help="a learning run: starts within 2 x CHANCE and ends with a validation score >= --final-val",
+    )
+    ca.add_argument("--final-val", type=float, default=0.9, help="with --learned: the last validation score needed")
     a = p.parse_args(argv)
     if a.cmd == "check-async":
         return _main_async(a)
@@ -504,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
         check_learning(ev, a.learned, a.final_val)
     if a.at_chance is not None:
         check_no_learning(ev, a.at_chance)
+    if a.dapo:
+        check_dapo(ev)
     check_features(ev)
     check_active_metrics(ev)
     unknown = sorted(set(a.require) - set(FEATURE_CHECKS))
@@ -531,7 +580,9 @@ def _main_async(a: argparse.Namespace) -> int:
     from npu_rl import e2e_async
 
     try:
-        ev = e2e_async.check(a.run_dir, a.min_steps, a.kl_abs, a.kl_ratio, a.require_partial)
+        ev = e2e_async.check(
+            a.run_dir, a.min_steps, a.kl_abs, a.kl_ratio, a.require_partial, learned=a.learned, final_val=a.final_val
+        )
     except FileNotFoundError as e:
         print(f"error: {e}: the run did not reach its recipe through run_verl", file=sys.stderr)
         return 1

@@ -73,6 +73,7 @@ class Schedule:
     partial_rollout: bool
     bypass: bool
     ppo_epochs: int
+    entropy_coeff: float = 0.0
 
     @property
     def max_required(self) -> int:
@@ -115,6 +116,7 @@ def load_schedule(run_dir: Path) -> Schedule:
         partial_rollout=bool(get("async_training.partial_rollout")),
         bypass=bool(OmegaConf.select(cfg, "algorithm.rollout_correction.bypass_mode", default=False)),
         ppo_epochs=int(get("actor_rollout_ref.actor.ppo_epochs", 1)),
+        entropy_coeff=float(OmegaConf.select(cfg, "actor_rollout_ref.actor.entropy_coeff", default=0.0) or 0.0),
     )
 
 
@@ -148,7 +150,12 @@ def load(run_dir: Path) -> AsyncEvidence:
     """
     text = (run_dir / "train.log").read_text(encoding="utf-8", errors="replace")
     train, windows = parse_async(text)
-    return AsyncEvidence(run_dir, train, e2e.parse_env(run_dir / "env.txt"), e2e._ANSI.sub("", text), rollouter=windows)
+    # Validation (the rollouter's, logged by the trainer at the weight version it ran on; version 0
+    # is the validation before training): its own console lines, without training/global_step.
+    _, val = e2e.split_validation(e2e.parse_metrics(text.splitlines()))
+    return AsyncEvidence(
+        run_dir, train, e2e.parse_env(run_dir / "env.txt"), e2e._ANSI.sub("", text), val=val, rollouter=windows
+    )
 
 
 def stale_per_step(ev: AsyncEvidence) -> dict[int, float]:
@@ -161,15 +168,17 @@ def stale_per_step(ev: AsyncEvidence) -> dict[int, float]:
     return out
 
 
-def check_training(ev: AsyncEvidence, min_steps: int) -> None:
-    """Trainer steps 1..k, every loss finite, the reward computed."""
+def check_training(ev: AsyncEvidence, min_steps: int, entropy: bool = True) -> None:
+    """Trainer steps 1..k, every loss finite, the reward computed; ``actor/entropy_loss`` only with
+    ``entropy`` (verl computes and logs it only for a non-zero ``actor.entropy_coeff``)."""
     n = len(ev.steps)
     ev.add(
         "trainer steps",
         n >= min_steps and sorted(ev.steps) == list(range(1, n + 1)),
         f"training/global_step {sorted(ev.steps)} (need 1..k, k >= {min_steps})",
     )
-    for key in ("actor/pg_loss", "actor/loss", "actor/entropy_loss", "actor/grad_norm", "critic/score/mean"):
+    keys = ("actor/pg_loss", "actor/loss", *(("actor/entropy_loss",) if entropy else ()), "actor/grad_norm")
+    for key in (*keys, "critic/score/mean"):
         vals = ev.series(key)
         ev.add(
             "reward computed" if key.startswith("critic") else f"finite {key}",
@@ -286,16 +295,27 @@ def check_partial(ev: AsyncEvidence, sched: Schedule, require: bool) -> None:
     )
 
 
-def check(run_dir: Path, min_steps: int, kl_abs: float, kl_ratio: float, require_partial: bool) -> AsyncEvidence:
-    """Every check above on one run directory (raises like :func:`load` and :func:`load_schedule`)."""
+def check(
+    run_dir: Path,
+    min_steps: int,
+    kl_abs: float,
+    kl_ratio: float,
+    require_partial: bool,
+    learned: float | None = None,
+    final_val: float = 0.9,
+) -> AsyncEvidence:
+    """Every check above on one run directory (raises like :func:`load` and :func:`load_schedule`);
+    with ``learned`` (the task's chance score) also :func:`npu_rl.e2e.check_learning`."""
     ev = load(run_dir)
     sched = load_schedule(run_dir)
-    check_training(ev, min_steps)
+    check_training(ev, min_steps, entropy=sched.entropy_coeff != 0)
     check_consumed(ev, sched)
     check_live_sync(ev, sched)
     check_staleness(ev, sched)
     check_rollout_matches_actor(ev, sched, kl_abs, kl_ratio)
     check_partial(ev, sched, require_partial)
+    if learned is not None:
+        e2e.check_learning(ev, learned, final_val)
     e2e.check_features(ev)
     e2e.check_active_metrics(ev)
     return ev

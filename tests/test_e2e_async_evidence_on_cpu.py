@@ -193,3 +193,72 @@ def test_missing_run_is_an_error(tmp_path, capsys):
 def test_stale_bound_follows_verl_max_required_samples(required, staleness, trigger, bound):
     sched = e2e_async.Schedule(4, required, 1, staleness, trigger, True, True, 1)
     assert sched.stale_bound == bound
+
+
+# --- a fully-async learning run (issue 34): the rollouter's validation lines are the evidence ---------------
+LEARNED = Path(__file__).parent / "data" / "e2e_async_learn"
+LEARN_ARGS = ("--min-steps", "79", "--learned", "0.1", "--final-val", "0.8")
+
+
+def _set_val(lines: list[str], version: int, value: float) -> list[str]:
+    """Set the validation score the trainer logged for weight ``version`` (its own line, no global step)."""
+    key = "val-core/npu_rl/toy_find_digit/acc/mean@1"
+    out = [
+        re.sub(rf"(?<= - ){re.escape(key)}:np\.float64\([^)]*\)", f"{key}:{value}", ln)
+        if re.search(rf"step:{version} - rollouter/validate_time", ln)
+        else ln
+        for ln in lines
+    ]
+    assert out != lines, version
+    return out
+
+
+def test_the_recorded_learning_run_passes_and_reads_the_rollouters_validation():
+    ev = e2e_async.load(LEARNED)
+    assert [(s, round(v, 3)) for s, v in e2e.val_scores(ev)] == [
+        (0, 0.0),
+        (20, 0.383),
+        (40, 0.852),
+        (60, 0.926),
+        (80, 0.926),
+    ]
+    rc, out = _check(LEARNED, *LEARN_ARGS)
+    assert rc == 0 and "MISSING" not in out, out
+    # entropy_coeff 0.01 in this recipe: verl logs actor/entropy_loss, and the check requires it
+    assert "ok      finite actor/entropy_loss: actor/entropy_loss at 79/79 steps" in out
+    assert "ok      validation solved" in out and "ok      policy gradient ran" in out
+
+
+@pytest.mark.parametrize(
+    ("edit", "failed"),
+    [
+        (lambda lines: _set_val(lines, 80, 0.7), "validation solved"),  # not solved at the end
+        (lambda lines: _set_val(lines, 0, 0.9), "starts near chance"),  # solved before it trained
+        # the rollouter's validation lines missing altogether: nothing shows it learned
+        (lambda lines: [ln for ln in lines if "rollouter/validate_time" not in ln], "validation solved"),
+    ],
+    ids=["unsolved", "solved-before", "no-validation"],
+)
+def test_learning_evidence_of_a_fully_async_run_fails_on_each_missing_piece(tmp_path, edit, failed):
+    run = tmp_path / "run"
+    shutil.copytree(LEARNED, run)
+    log = run / "train.log"
+    log.write_text("\n".join(edit(log.read_text().splitlines())) + "\n")
+    rc, out = _check(run, *LEARN_ARGS)
+    assert rc == 1
+    assert [ln.split(":")[0] for ln in out.splitlines() if ln.startswith("MISSING")] == [f"MISSING {failed}"], out
+
+
+def test_entropy_loss_is_required_only_when_the_recipe_trains_with_an_entropy_bonus(tmp_path):
+    """verl computes actor/entropy_loss only for a non-zero entropy_coeff: a run without the bonus does
+    not fail for its absence, one with the bonus does."""
+    run = tmp_path / "run"
+    shutil.copytree(LEARNED, run)
+    log = run / "train.log"
+    log.write_text(re.sub(r" - actor/entropy_loss:[^ ]+", "", log.read_text()))
+    rc, out = _check(run, *LEARN_ARGS)
+    assert rc == 1 and "MISSING finite actor/entropy_loss: actor/entropy_loss at 0/79 steps" in out
+    cfg = run / "hydra" / ".hydra" / "config.yaml"
+    cfg.write_text(cfg.read_text().replace("entropy_coeff: 0.01", "entropy_coeff: 0"))
+    rc, out = _check(run, *LEARN_ARGS)
+    assert rc == 0 and "entropy_loss" not in out, out

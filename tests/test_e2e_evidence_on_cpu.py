@@ -353,3 +353,46 @@ def test_the_negative_control_must_stay_at_chance_with_a_still_policy(tmp_path, 
     assert "ok      policy still (control): actor/ppo_kl per step [0, 0, 0]" in out
     assert control("rises", [0.12, 0.1, 0.3])[:2] == (1, ["MISSING stays at chance"])
     assert control("moved", [0.12, 0.1, 0.14], ppo_kl=0.02)[:2] == (1, ["MISSING policy still (control)"])
+
+
+# --- DAPO runs (issue 34): dynamic sampling and the overlong shaping must both leave their trace ---
+ACC = "val-core/npu_rl/toy_find_digit/acc/mean@1"
+OVERLONG_SHARE = "val-aux/npu_rl/toy_find_digit/overlong/mean@1"
+
+
+def _dapo_log(val_before=0.0, overlong=(1.0, 0.0), evicted=(0.0, 3.0, 5.0)):
+    """A DAPO learning run's console lines as verl's dapo reward manager and V1 replay buffer log them:
+    the shaped training score starts below 0 (the overlong penalty), validation logs acc and the
+    overlong share, the replay buffer the groups it dropped."""
+    lines = [f"(TaskRunnerV1 pid=1) step:0 - {ACC}:{val_before} - {OVERLONG_SHARE}:{overlong[0]}"]
+    for i, (score, drop) in enumerate(zip((-0.85, -0.4, 0.9), evicted, strict=True), 1):
+        extra = {"critic__advantages__min": -1.0, "critic__advantages__max": 3.0, "actor__pg_loss": 0.08}
+        line = _step(i, critic__score__mean=score, **extra)
+        if drop:
+            line += f" - training/filter_groups/evicted_samples:{drop}"
+        lines.append(line)
+    lines[-1] += f" - {ACC}:0.95 - {OVERLONG_SHARE}:{overlong[1]}"
+    return lines
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "failed"),
+    [
+        ({}, []),
+        ({"overlong": (1.0, 1.0)}, ["overlong shaping acted"]),  # the responses never got shorter
+        ({"overlong": (None, None)}, ["overlong shaping acted"]),  # not logged: nothing shows it acted
+        ({"evicted": (0.0, 0.0, 0.0)}, ["dynamic sampling dropped groups"]),
+        # the penalty pushes the training score below chance: the validation before training must not be solved
+        ({"val_before": 0.9}, ["starts near chance"]),
+    ],
+    ids=["passes", "never-shorter", "not-logged", "nothing-dropped", "solved-before"],
+)
+def test_a_dapo_run_needs_dropped_groups_shorter_responses_and_an_unsolved_start(tmp_path, capsys, kwargs, failed):
+    lines = _dapo_log(**kwargs)
+    if kwargs.get("overlong") == (None, None):
+        lines = [ln.replace(f" - {OVERLONG_SHARE}:None", "") for ln in lines]
+    run = _run_dir(tmp_path, lines)
+    rc = e2e.main(["check", str(run), "--min-steps", "3", "--learned", "0.1", "--dapo"])
+    out = capsys.readouterr().out
+    assert [ln.split(":")[0].removeprefix("MISSING ") for ln in out.splitlines() if ln.startswith("MISSING")] == failed
+    assert rc == (1 if failed else 0), out

@@ -687,3 +687,87 @@ def test_warnings_of_library_imports_are_held_back_and_others_still_print(tmp_pa
     assert notices.held == ["UserWarning: fancy engine is not available: no module named fancy"]
     assert notices.summary().startswith("note: 1 warning(s) while importing the libraries")
     assert ImportNotices().summary() == ""
+
+
+# --- DAPO's overlong reward shaping (issue 34): judged by verl's own DAPORewardManager ---------------------
+OVERLONG = "+reward.reward_kwargs"
+DAPO = ["reward.reward_manager.name=dapo", "algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc"]
+
+
+def _overlong(length=2048, max_resp=8192, prefix=OVERLONG):
+    return [
+        f"{prefix}.overlong_buffer_cfg.enable=True",
+        f"{prefix}.overlong_buffer_cfg.len={length}",
+        f"{prefix}.overlong_buffer_cfg.penalty_factor=1.0",
+        f"{prefix}.max_resp_len={max_resp}",
+    ]
+
+
+def test_overlong_shaping_is_accepted_with_plus_and_said_in_the_plan():
+    """Found while adding it to the NPU DAPO recipes: verl reads reward.reward_kwargs beside its
+    RewardConfig dataclass (no yaml field), and the preflight refused it as an unknown key."""
+    r = check(*DAPO, *_overlong())
+    assert not [p for p in r.report.errors if "reward" in p.key], r.render()
+    assert "a response loses up to 1 of its reward over its last 2048 of 8192 tokens" in r.render()
+    e = errors(check(*DAPO, "reward.reward_kwargs.max_resp_len=8192"))["reward.reward_kwargs.max_resp_len"]
+    assert "verl's yaml does not list it" in e.message and e.fix == "write +reward.reward_kwargs.max_resp_len=8192"
+
+
+@pytest.mark.parametrize(
+    "extra,key,message",
+    [
+        # the manager's own assert, word for word
+        (_overlong(length=9000), "reward.reward_kwargs", "DAPORewardManager refuses it: max_resp_len must be larger"),
+        (
+            [f"{OVERLONG}.overlong_buffer_cfg.enable=True", f"{OVERLONG}.overlong_buffer_cfg.len=2048"],
+            "reward.reward_kwargs",
+            "DAPORewardManager refuses it: max_resp_len must be provided",
+        ),
+        # the penalty starts after 14336 tokens; data.max_response_length is 8192
+        (_overlong(max_resp=16384), "reward.reward_kwargs.max_resp_len", "the shaping never acts"),
+        # verl's own DAPO scripts write it here: main_ppo never moves it to reward.reward_kwargs
+        (
+            _overlong(prefix="+reward_model.reward_kwargs"),
+            "reward_model.reward_kwargs",
+            "the sync trainer never reads it",
+        ),
+    ],
+    ids=["len-over-max", "no-max-resp-len", "unreachable", "legacy-place"],
+)
+def test_overlong_shaping_that_would_fail_or_do_nothing_is_refused(extra, key, message):
+    e = errors(check(*DAPO, *extra))
+    assert key in e and message in e[key].message, e
+
+
+def test_overlong_shaping_under_another_reward_manager_is_refused_and_odd_keys_are_named():
+    e = errors(check(*_overlong()))  # the naive manager never reads reward_kwargs
+    assert "only verl's dapo reward manager reads it" in e["reward.reward_kwargs"].message
+    assert e["reward.reward_kwargs"].fix == "set reward.reward_manager.name=dapo, or drop the keys"
+    r = check(*DAPO, *_overlong(max_resp=9000), f"{OVERLONG}.overlong_buffer_cfg.lenght=3")
+    warned = {p.key: p.message for p in r.report.warnings}
+    assert "does not read it" in warned["reward.reward_kwargs.overlong_buffer_cfg.lenght"]
+    assert "ramps up to 1.0 at 9000 tokens" in warned["reward.reward_kwargs.max_resp_len"]
+
+
+def test_the_fully_async_trainer_reads_the_legacy_place_and_the_pinned_manager_reads_what_the_rule_accepts():
+    """The rule's premises, checked against the pinned verl: migrate_legacy_reward_impl moves the legacy
+    reward_model.reward_kwargs (the fully-async trainer calls it), and DAPORewardManager reads every key
+    of checks.OVERLONG_READ from reward.reward_kwargs."""
+    from omegaconf import OmegaConf
+    from verl.experimental.reward_loop.reward_manager.dapo import DAPORewardManager
+
+    from npu_rl.preflight.checks import check_overlong
+    from npu_rl.preflight.report import Report
+
+    buffer = {"enable": True, "len": 2048, "penalty_factor": 0.5, "log": True}
+    kw = {"max_resp_len": 8192, "overlong_buffer_cfg": buffer}
+    cfg = OmegaConf.create({"reward": {"reward_manager": {"name": "dapo"}}, "reward_model": {"reward_kwargs": kw}})
+    cfg.data = {"max_response_length": 8192}
+    report = Report()
+    assert "up to 0.5" in check_overlong(cfg, report, trainer="fully_async") and not report.errors
+    assert check_overlong(cfg, Report(), trainer="sync") is None
+    manager = DAPORewardManager(OmegaConf.create({"reward": {"reward_kwargs": kw}}), tokenizer=None, compute_score=None)
+    assert manager.max_resp_len == 8192
+    assert {k: manager.overlong_buffer_cfg[k] for k in ("enable", "len", "penalty_factor", "log")} == kw[
+        "overlong_buffer_cfg"
+    ]

@@ -140,6 +140,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     checks.check_batches(step_cfg, lay, report)
     checks.check_ignored_batch_keys(cfg, report)
     checks.check_reward_and_dapo(cfg, report)
+    overlong = checks.check_overlong(cfg, report, cli.trainer)
     checks.check_algorithm(cfg, report)
     memo = _open_memo(cfg, cli.injected, env, config_json, report)
     with memo.stage("verl validate_config", report) as run:
@@ -198,6 +199,8 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         plan.append(("rollout graphs", fastpath.plan_value(fast)))
     if sam_plan:
         plan.append(("spec decode", sam_plan))
+    if overlong:
+        plan.append(("overlong shaping", overlong))
     if model is None:
         return plan
     lengths = checks.check_lengths(cfg, model, report)

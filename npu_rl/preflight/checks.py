@@ -679,6 +679,110 @@ def check_reward_and_dapo(cfg, report: Report) -> None:
         )
 
 
+#: What verl's reward-loop ``DAPORewardManager`` reads below ``reward.reward_kwargs`` (the rule's tests
+#: build the pinned manager from a composed config, so a rename upstream fails them).
+OVERLONG_READ = (
+    "max_resp_len",
+    "overlong_buffer_cfg.enable",
+    "overlong_buffer_cfg.len",
+    "overlong_buffer_cfg.penalty_factor",
+    "overlong_buffer_cfg.log",
+)
+
+
+def _flat_keys(d, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in d.items():
+        out += _flat_keys(v, f"{prefix}{k}.") if isinstance(v, dict) and v else [f"{prefix}{k}"]
+    return out
+
+
+def check_overlong(cfg, report: Report, trainer: str = "sync") -> str | None:
+    """DAPO's overlong reward shaping (Yu et al. 2025, arXiv 2503.14476, section 3.4; verl's reward-loop
+    ``DAPORewardManager``): a response longer than ``max_resp_len - overlong_buffer_cfg.len`` tokens
+    loses up to ``penalty_factor`` of its reward, linearly over the buffer.
+
+    - verl reads it from ``reward.reward_kwargs`` (no yaml field: written with '+'). The legacy
+      ``reward_model.reward_kwargs`` of verl's own DAPO scripts is moved there only by the fully-async
+      trainer (``migrate_legacy_reward_impl``); ``main_ppo`` never reads it: refused there.
+    - Only the ``dapo`` reward manager reads it: with another, the shaping would be silently off.
+    - The manager judges its own values: it is built from them here (its asserts: ``max_resp_len``
+      given, ``len`` > 0 and at most ``max_resp_len``).
+    - The penalty must be reachable: ``max_resp_len - len`` below ``data.max_response_length``.
+
+    Returns the plan's line ("buffer 4096 of 32768 tokens, ...") when the shaping is on, else None.
+    """
+    from omegaconf import DictConfig, OmegaConf
+
+    def plain(node):
+        return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+    key = "reward.reward_kwargs"
+    kw, legacy = plain(sel(cfg, key)), plain(sel(cfg, "reward_model.reward_kwargs"))
+    if legacy is not None:
+        if trainer == "fully_async":
+            kw, key = legacy, "reward_model.reward_kwargs"  # migrate_legacy_reward_impl copies it over
+        else:
+            report.error(
+                "reward_model.reward_kwargs",
+                "is the legacy place (verl's own DAPO scripts): only the fully-async trainer moves it to "
+                f"reward.reward_kwargs; the {trainer} trainer never reads it, so the overlong shaping would be off",
+                "write the same keys under +reward.reward_kwargs (e.g. +reward.reward_kwargs.max_resp_len=...)",
+            )
+    if not kw:
+        return None
+    if not isinstance(kw, dict):
+        report.error(key, f"= {kw!r}: it must be a dict", "e.g. +reward.reward_kwargs.overlong_buffer_cfg.enable=True")
+        return None
+    name = str(sel(cfg, "reward.reward_manager.name", "naive"))
+    if name != "dapo":
+        report.error(
+            key,
+            f"only verl's dapo reward manager reads it, and reward.reward_manager.name={name}: "
+            "the overlong shaping would be silently off",
+            "set reward.reward_manager.name=dapo, or drop the keys",
+        )
+        return None
+    for extra in (k for k in _flat_keys(kw) if k not in OVERLONG_READ):
+        report.warn(
+            f"{key}.{extra}", "verl's DAPO reward manager does not read it", f"it reads {', '.join(OVERLONG_READ)}"
+        )
+    from verl.experimental.reward_loop.reward_manager.dapo import DAPORewardManager
+
+    try:
+        DAPORewardManager(OmegaConf.create({"reward": {"reward_kwargs": kw}}), tokenizer=None, compute_score=None)
+    except (AssertionError, AttributeError, TypeError, ValueError) as e:  # its asserts; a missing or odd value
+        report.error(
+            key,
+            f"verl's DAPORewardManager refuses it: {e}",
+            "set max_resp_len (= data.max_response_length) and 0 < overlong_buffer_cfg.len <= max_resp_len",
+        )
+        return None
+    buf = kw.get("overlong_buffer_cfg") or {}
+    if not buf.get("enable"):
+        return None
+    max_resp, length, factor = kw["max_resp_len"], buf["len"], buf.get("penalty_factor", 1.0)
+    response = sel(cfg, "data.max_response_length")
+    if isinstance(response, int) and max_resp - length >= response:
+        report.error(
+            f"{key}.max_resp_len",
+            f"= {max_resp} with overlong_buffer_cfg.len={length}: the penalty starts after {max_resp - length} "
+            f"tokens, and no response is longer than data.max_response_length={response}: the shaping never acts",
+            f"set {key}.max_resp_len={response} (data.max_response_length, as DAPO's recipes do)",
+        )
+        return None
+    if isinstance(response, int) and max_resp != response:
+        report.warn(
+            f"{key}.max_resp_len",
+            f"= {max_resp}, data.max_response_length = {response}: the penalty ramps up to {factor} at "
+            f"{max_resp} tokens, not at the longest response",
+            f"set {key}.max_resp_len={response}, as DAPO's recipes do",
+        )
+    return f"a response loses up to {factor:g} of its reward over its last {length} of {max_resp} tokens" + (
+        " (logged: overlong_reward)" if buf.get("log") else ""
+    )
+
+
 def check_algorithm(cfg, report: Report) -> None:
     """What the advantage estimator needs, judged from verl's own code rather than a list of names:
 

@@ -20,6 +20,22 @@ from npu_rl.preflight.report import Report
 # Free-form dicts: the last path component -> the schema that checks keys added below it.
 FREEFORM_SCHEMAS = {"vllm": "vllm", "override_transformer_config": "megatron"}
 
+#: Dicts below a dataclass section that verl reads from the DictConfig itself, beside the dataclass
+#: (neither its yaml nor its dataclass has the field, so Hydra needs a '+'): the key -> who reads it.
+#: What lies below is judged by the preflight rule named here, which asks the reader itself.
+READ_BESIDE_DATACLASS = {
+    "reward.reward_kwargs": "verl's reward-loop DAPO reward manager (config.reward.reward_kwargs: "
+    "overlong_buffer_cfg, max_resp_len; judged by checks.check_overlong)",
+}
+
+
+def read_beside_dataclass(key: str) -> str | None:
+    """Who reads ``key`` when it lies in :data:`READ_BESIDE_DATACLASS` (the dict itself or below it), else None."""
+    for prefix, reader in READ_BESIDE_DATACLASS.items():
+        if key == prefix or key.startswith(prefix + "."):
+            return reader
+    return None
+
 
 def verl_package_dir() -> Path:
     """The folder of the ``verl`` package this interpreter would import (the pinned, patched tree),
@@ -265,6 +281,16 @@ def check_overrides(cli: Cli, report: Report) -> list[str]:
                     f"write +{key}={_value_text(raw)}",
                 )
             continue
+        beside = read_beside_dataclass(key) if freeform is None else None
+        if beside:
+            if o.is_add() or o.is_force_add():
+                kept.append(raw)
+                added.add(key)
+            else:
+                report.error(
+                    key, f"{beside} reads it, but verl's yaml does not list it", f"write +{key}={_value_text(raw)}"
+                )
+            continue
         if freeform is None:
             section = parent_path or "the root"
             hint = _speculative_hint(key) or _fix_unknown(tree, key, alternates)
@@ -292,10 +318,11 @@ def check_overrides(cli: Cli, report: Report) -> list[str]:
 
 
 def _checked_elsewhere(key: str) -> bool:
-    """Keys added with '+' that a feature's own preflight rule checks (npu_rl/preflight/sampler.py)."""
+    """Keys added with '+' that a preflight rule checks: the sampler's (npu_rl/preflight/sampler.py), and
+    the legacy ``reward_model.reward_kwargs`` (``checks.check_overlong`` says which trainer reads it)."""
     from npu_rl.sampler.keys import SAMPLER_KEYS
 
-    return key in {f"data.sampler.{k}" for k in SAMPLER_KEYS}
+    return key in {f"data.sampler.{k}" for k in SAMPLER_KEYS} or key.startswith("reward_model.reward_kwargs.")
 
 
 def _is_feature_switch(key: str) -> bool:

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# DAPO that learns, on CPU (issue 34): grpo_learn_cpu.sh (the toy model and task, lr 3e-3, every CPU
+# feature on) with DAPO as verl 0.9.1's V1 trainer implements it: clip-higher 0.2 / 0.28, token-mean
+# loss, dynamic sampling (groups whose responses all score the same are dropped and refilled, 2
+# generation batches in flight), the dapo reward manager, and DAPO's overlong reward shaping with the
+# same keys as the NPU DAPO recipes (recipes/qwen3-32b/dapo_32die.sh).
+#   bash ray_start_npu.sh recipes/qwen3-tiny/dapo_learn_cpu.sh recipes/qwen3-tiny/env_cpu_learn.sh
+# Env: env_cpu_learn.sh
+# Responses may be 3 tokens here and the last one is the overlong buffer: "digit <|im_end|>" keeps its
+# reward, a response cut at 3 tokens loses penalty_factor, so the policy learns both the answer and
+# to stop after it (the random model's responses are 2.9 tokens on average, the trained one's 2.0).
+# - penalty_factor 0.05, the size of the task's credit for a wrong digit, not DAPO's 1.0: with 1.0
+#   (and with 0.2) the policy first learned to stop at once (an empty answer loses nothing) and only
+#   then to read the prompt; validation 0.51 at step 20 with 1.0, 0.81 with 0.05 (0.87 with 0.05
+#   and lr 6e-3, which was no faster in the first 10 steps, so the lr stays the GRPO run's).
+# - filter_groups.metric=reward (the shaped reward, verl's canonical one) rather than DAPO's acc: a
+#   group whose answers are all right but of different lengths still teaches when to stop.
+# Measured (docs/e2e.md, "Learning runs"): validation 0.81 and 0.87 at step 20 (the GRPO run's 1.0 comes
+# sooner: it learns one token, this run three); 6.3-7.2 min, the last steps slower as more groups are
+# dropped. Evidence: python -m npu_rl.e2e check RUN_DIR --min-steps 20 --learned 0.1 --final-val 0.6 --dapo
+set -euo pipefail
+DAPO=(
+    algorithm.filter_groups.enable=True
+    algorithm.filter_groups.metric=reward
+    algorithm.filter_groups.max_inflight_gen_batches=2
+    reward.reward_manager.name=dapo
+    actor_rollout_ref.actor.clip_ratio_low=0.2
+    actor_rollout_ref.actor.clip_ratio_high=0.28
+    actor_rollout_ref.actor.loss_agg_mode=token-mean
+    data.max_response_length=3
+    actor_rollout_ref.rollout.max_model_len=23
+    +reward.reward_kwargs.overlong_buffer_cfg.enable=True
+    +reward.reward_kwargs.overlong_buffer_cfg.len=1
+    +reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.05
+    +reward.reward_kwargs.overlong_buffer_cfg.log=True
+    +reward.reward_kwargs.max_resp_len=3
+    trainer.experiment_name=qwen3-toy-dapo
+)
+exec bash "$(dirname "${BASH_SOURCE[0]}")/grpo_learn_cpu.sh" "${DAPO[@]}" "$@"
