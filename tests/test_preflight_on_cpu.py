@@ -771,3 +771,21 @@ def test_the_fully_async_trainer_reads_the_legacy_place_and_the_pinned_manager_r
     assert {k: manager.overlong_buffer_cfg[k] for k in ("enable", "len", "penalty_factor", "log")} == kw[
         "overlong_buffer_cfg"
     ]
+
+
+def test_a_missing_model_or_data_the_cpu_recipes_make_themselves_is_not_sent_to_a_hub(tmp_path):
+    """Found by a user: the dry run of the toy learning recipe told them to download Qwen/Qwen3-toy from
+    ModelScope; no hub has it, the recipe writes it under NPU_RL_TINY_DIR on its first real run."""
+    tiny = tmp_path / "qwen3-tiny"
+    env = {**ENV_2X16, "NPU_RL_TINY_DIR": str(tiny)}
+    model, data = tiny / "Qwen3-toy", tiny / "toy-data" / "toy" / "train.parquet"
+    r = check(f"actor_rollout_ref.model.path={model}", f"data.train_files={data}", env=env)
+    warned = {p.key: p.fix for p in r.report.warnings}
+    fix = warned["actor_rollout_ref.model.path"]
+    assert f"python -m npu_rl.models toy {model}" in fix and "the recipe writes it" in fix and "download" not in fix
+    fix = warned["data.train_files"]
+    assert "the recipe writes it on its first real run" in fix
+    assert f"python -m npu_rl.data toy --out {tiny / 'toy-data'}" in fix
+    # outside NPU_RL_TINY_DIR a missing model is still fetched from a hub
+    warned = {p.key: p.fix for p in check(env=env).report.warnings}
+    assert warned["actor_rollout_ref.model.path"].startswith("python -m npu_rl.models download Qwen/Qwen3-32B")

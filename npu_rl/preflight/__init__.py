@@ -330,6 +330,14 @@ def _check_files(cfg, model_path: str, env: Mapping[str, str], report: Report, c
                 f"{model_dir} is incomplete; missing: {', '.join(missing)}",
                 f"finish the download: python -m npu_rl.models download {hub_id(model_path)}{only} --dest {model_dir}",
             )
+    elif _made_locally(model_path, env):
+        kind = "toy" if "toy" in model_dir.name.lower() else "tiny"
+        flag(
+            "actor_rollout_ref.model.path",
+            f"{model_path} does not exist {where}",
+            f"the recipe writes it on its first real run (a dry run writes nothing): python -m npu_rl.models {kind} "
+            f"{model_path} with the recipe's --layers/--hidden/--seed; no hub has it",
+        )
     else:
         flag(
             "actor_rollout_ref.model.path",
@@ -344,7 +352,19 @@ def _check_files(cfg, model_path: str, env: Mapping[str, str], report: Report, c
             f = str(f)
             if "://" in f or Path(os.path.expanduser(f)).exists():
                 continue
-            flag(key, f"{f} does not exist {where}", _data_fix(f))
+            fix = _data_fix(f)
+            if _made_locally(f, env):
+                fix = f"the recipe writes it on its first real run (a dry run writes nothing); by hand: {fix}"
+            flag(key, f"{f} does not exist {where}", fix)
+
+
+def _made_locally(path: str, env: Mapping[str, str]) -> bool:
+    """``path`` lies under ``NPU_RL_TINY_DIR`` (the CPU recipes' env scripts set it), where the CPU recipes
+    write their models and data themselves (``npu_rl.models tiny|toy``, ``npu_rl.data``) on a real run."""
+    root = env.get("NPU_RL_TINY_DIR")
+    if not root:
+        return False
+    return Path(os.path.expanduser(path)).resolve().is_relative_to(Path(os.path.expanduser(root)).resolve())
 
 
 def _data_fix(path: str) -> str:
@@ -353,6 +373,8 @@ def _data_fix(path: str) -> str:
 
     p = Path(path)
     dataset, out = p.parent.name, p.parent.parent
+    if dataset == "toy" and p.suffix == ".parquet":
+        return f"python -m npu_rl.data toy --out {out} --train-rows N (the recipe's TOY_TRAIN_ROWS)"
     if dataset not in SPECS or p.suffix != ".parquet":
         return (
             f"write it with python -m npu_rl.data DATASET --hub modelscope --out DIR (DATASET one of "
