@@ -710,7 +710,8 @@ def check_overlong(cfg, report: Report, trainer: str = "sync") -> str | None:
       given, ``len`` > 0 and at most ``max_resp_len``).
     - The penalty must be reachable: ``max_resp_len - len`` below ``data.max_response_length``.
 
-    Returns the plan's line ("buffer 4096 of 32768 tokens, ...") when the shaping is on, else None.
+    Returns the plan's line ("a response loses up to 1 of its reward over its last 4096 of 32768
+    tokens") when the shaping is on, else None.
     """
     from omegaconf import DictConfig, OmegaConf
 
