@@ -126,7 +126,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         return [("checks", "stopped: fix the values above first (every other check does arithmetic on them)")]
     model_path = str(sel(cfg, "actor_rollout_ref.model.path", ""))
     override = sel(cfg, "actor_rollout_ref.model.override_config", {}) or {}
-    model, config_json = _model_facts(model_path, env, report, _plain(override))
+    model, config_json = _model_facts(model_path, env, report, checks.plain(override))
     _check_files(cfg, model_path, env, report, config_only=feature_settings.is_on("NPU_RL_RANDOM_INIT", env))
     pools = async_checks.check_pools(cfg, env, report) if separate else None
     world = pools.trainer_dies if pools else checks.check_resources(cfg, env, report)
@@ -141,6 +141,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     checks.check_ignored_batch_keys(cfg, report)
     checks.check_reward_and_dapo(cfg, report)
     overlong = checks.check_overlong(cfg, report, cli.trainer)
+    checks.check_poll_interval(cfg, report, cli.trainer)
     checks.check_algorithm(cfg, report)
     memo = _open_memo(cfg, cli.injected, env, config_json, report)
     with memo.stage("verl validate_config", report) as run:
@@ -388,12 +389,6 @@ def _data_fix(path: str) -> str:
 
 def _cmp(a: int, b: int) -> str:
     return "<=" if a <= b else ">"
-
-
-def _plain(node) -> dict:
-    from omegaconf import DictConfig, OmegaConf
-
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
 
 
 def _model_facts(

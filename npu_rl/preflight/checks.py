@@ -87,6 +87,18 @@ def sel(cfg, key: str, default=None):
     return default if value is None else value
 
 
+def plain(node):
+    """A config node as plain Python: an OmegaConf ``DictConfig``/``ListConfig`` resolved to dicts and
+    lists, a mapping's values converted likewise, anything else (None, a scalar) as it is."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(node, DictConfig | ListConfig):
+        return OmegaConf.to_container(node, resolve=True)
+    if isinstance(node, Mapping):
+        return {k: plain(v) for k, v in node.items()}
+    return node
+
+
 @dataclass(frozen=True)
 class TrainLayout:
     """Training parallelism. ``dp`` = world / (TP·PP·CP) for Megatron engines, world / SP for FSDP."""
@@ -697,6 +709,27 @@ def _flat_keys(d, prefix: str = "") -> list[str]:
     return out
 
 
+def check_poll_interval(cfg, report: Report, trainer: str = "sync") -> None:
+    """``trainer.v1.sampler.poll_interval`` (verl patch 0011, ``replay-buffer-poll``): the seconds between
+    the V1 replay buffer's polls for finished samples (verl's 2.0 when unset). Only ``main_ppo``'s V1
+    trainers build that buffer: with another trainer the key would be silently unread (a warning); a
+    value that is not a number above 0 would stop the trainer at start-up (an error here, minutes
+    earlier)."""
+    key = "trainer.v1.sampler.poll_interval"
+    value = sel(cfg, key)
+    if value is None:
+        return
+    if trainer != "sync":
+        report.warn(key, f"only main_ppo's V1 trainers read it; the {trainer} trainer never does", "drop it")
+        return
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = None
+    if seconds is None or isinstance(value, bool) or not seconds > 0:
+        report.error(key, f"must be a number of seconds above 0, got {value!r}", f"write {key}=0.2 (verl's own: 2.0)")
+
+
 def check_overlong(cfg, report: Report, trainer: str = "sync") -> str | None:
     """DAPO's overlong reward shaping (Yu et al. 2025, arXiv 2503.14476, section 3.4; verl's reward-loop
     ``DAPORewardManager``): a response longer than ``max_resp_len - overlong_buffer_cfg.len`` tokens
@@ -713,10 +746,7 @@ def check_overlong(cfg, report: Report, trainer: str = "sync") -> str | None:
     Returns the plan's line ("a response loses up to 1 of its reward over its last 4096 of 32768
     tokens") when the shaping is on, else None.
     """
-    from omegaconf import DictConfig, OmegaConf
-
-    def plain(node):
-        return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+    from omegaconf import OmegaConf
 
     key = "reward.reward_kwargs"
     kw, legacy = plain(sel(cfg, key)), plain(sel(cfg, "reward_model.reward_kwargs"))

@@ -318,11 +318,16 @@ def check_overrides(cli: Cli, report: Report) -> list[str]:
 
 
 def _checked_elsewhere(key: str) -> bool:
-    """Keys added with '+' that a preflight rule checks: the sampler's (npu_rl/preflight/sampler.py), and
-    the legacy ``reward_model.reward_kwargs`` (``checks.check_overlong`` says which trainer reads it)."""
+    """Keys added with '+' that a preflight rule checks: the sampler's (npu_rl/preflight/sampler.py), the
+    legacy ``reward_model.reward_kwargs`` (``checks.check_overlong`` says which trainer reads it) and the
+    V1 replay buffer's ``trainer.v1.sampler.poll_interval`` (``checks.check_poll_interval``)."""
     from npu_rl.sampler.keys import SAMPLER_KEYS
 
-    return key in {f"data.sampler.{k}" for k in SAMPLER_KEYS} or key.startswith("reward_model.reward_kwargs.")
+    return (
+        key in {f"data.sampler.{k}" for k in SAMPLER_KEYS}
+        or key.startswith("reward_model.reward_kwargs.")
+        or key == "trainer.v1.sampler.poll_interval"
+    )
 
 
 def _is_feature_switch(key: str) -> bool:

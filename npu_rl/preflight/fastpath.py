@@ -38,7 +38,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from npu_rl.preflight.checks import R, sel
+from npu_rl.preflight.checks import R, plain, sel
 
 VLLM_KW = f"{R}.engine_kwargs.vllm"
 MODE_KEY = f"{VLLM_KW}.compilation_config.cudagraph_mode"
@@ -259,9 +259,9 @@ def rollout_environment(cfg, env: Mapping[str, str]) -> dict[str, str]:
     verl's worker extension sets when unset (``VLLM_ASCEND_REQUIRED_ENV_VARS``: ``VLLM_ASCEND_ENABLE_NZ=0``)."""
     from verl.workers.rollout.vllm_rollout.utils import VLLM_ASCEND_REQUIRED_ENV_VARS
 
-    from npu_rl.preflight.libraries import _plain, environ
+    from npu_rl.preflight.libraries import environ
 
-    merged = {**env, **{k: str(v) for k, v in (_plain(sel(cfg, RUNTIME_ENV, {}) or {})).items()}}
+    merged = {**env, **{k: str(v) for k, v in (plain(sel(cfg, RUNTIME_ENV, {}) or {})).items()}}
     job = {
         k: v
         for k, v in merged.items()

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from npu_rl import REPO_ROOT
-from npu_rl.preflight.checks import R, sel
+from npu_rl.preflight.checks import R, plain, sel
 from npu_rl.preflight.model import hub_id
 from npu_rl.preflight.report import Report
 
@@ -178,7 +178,7 @@ def check_libraries(
     are feature keys this verl lacks (removed before its dataclasses see the config).
     """
     built = Built(target=target_platform(cfg, env))
-    engine_kwargs = _plain(sel(cfg, VLLM_KW, {}) or {})
+    engine_kwargs = plain(sel(cfg, VLLM_KW, {}) or {})
     found = _Findings(report, cfg, engine_kwargs)
     _import_libraries()
     with _quiet(), _offline():
@@ -252,7 +252,7 @@ def _verl_hf_config(cfg, config_json: Path, found: _Findings):
     from transformers import AutoConfig
     from verl.utils.model import update_model_config
 
-    override = _plain(sel(cfg, f"{M}.override_config", {}) or {})
+    override = plain(sel(cfg, f"{M}.override_config", {}) or {})
     attn = override.get("attn_implementation", "flash_attention_2")
     with tempfile.TemporaryDirectory() as tmp:
         path = _config_dir(config_json, Path(tmp))
@@ -345,7 +345,7 @@ def server_args(cfg, rollout, hf_config, model_dir: str, gpus_per_node: int) -> 
     server = _Server(rollout, hf_config)
     # :287-295 engine kwargs, None values dropped, image limit, verl's preprocessing
     engine_kwargs = rollout.get("engine_kwargs", {}).get("vllm", {}) or {}
-    engine_kwargs = {key: val for key, val in _plain(engine_kwargs).items() if val is not None}
+    engine_kwargs = {key: val for key, val in plain(engine_kwargs).items() if val is not None}
     if rollout.get("limit_images", None):
         engine_kwargs["limit_mm_per_prompt"] = {"image": rollout.get("limit_images")}
     vLLMHttpServer._preprocess_engine_kwargs(server, engine_kwargs)
@@ -424,7 +424,7 @@ def server_args(cfg, rollout, hf_config, model_dir: str, gpus_per_node: int) -> 
             data_parallel_address="127.0.0.1",
             data_parallel_rpc_port=29550,
         )
-    lora = _plain(sel(cfg, f"{M}.lora", {}) or {})  # :418-435
+    lora = plain(sel(cfg, f"{M}.lora", {}) or {})  # :418-435
     lora_rank = int(lora.get("rank", 0) or 0) or int(sel(cfg, f"{M}.lora_rank", 0) or 0)
     if lora.get("merge", False):
         lora_rank = 0
@@ -760,7 +760,7 @@ def check_model_features(cfg, env: Mapping[str, str], config_json: Path | None, 
     """What the rollout needs from the model, read from its config.json: MTP layers for MTP drafting, a
     draft model that exists, and length keys of ``model.override_config`` that vLLM sees too."""
     model_cfg = json.loads(config_json.read_text()) if config_json is not None and config_json.is_file() else None
-    spec = _plain(sel(cfg, f"{VLLM_KW}.speculative_config", {}) or {})
+    spec = plain(sel(cfg, f"{VLLM_KW}.speculative_config", {}) or {})
     mtp_on = bool(sel(cfg, f"{M}.mtp.enable", False))
     mtp_rollout = bool(sel(cfg, f"{M}.mtp.enable_rollout", False))
     if mtp_rollout and not mtp_on:
@@ -821,7 +821,7 @@ def _check_draft(draft: str, cfg, env: Mapping[str, str], built: Built, found: _
 
 def _position_override(cfg) -> dict:
     """The keys of ``model.override_config`` that change the trainer's positions (RoPE)."""
-    override = _plain(sel(cfg, f"{M}.override_config", {}) or {})
+    override = plain(sel(cfg, f"{M}.override_config", {}) or {})
     override = override.get("model_config", override)
     return {k: override[k] for k in POSITION_KEYS if k in override}
 
@@ -833,7 +833,7 @@ def _check_position_override(cfg, found: _Findings) -> None:
     keys = _position_override(cfg)
     if not keys:
         return
-    hf_overrides = _plain(sel(cfg, f"{VLLM_KW}.hf_overrides", {}) or {})
+    hf_overrides = plain(sel(cfg, f"{VLLM_KW}.hf_overrides", {}) or {})
     missing = {k: v for k, v in keys.items() if hf_overrides.get(k) != v}
     if not missing:
         return
@@ -886,16 +886,6 @@ def _config_dir(config_json: Path, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "config.json").write_text(config_json.read_text())
     return dest
-
-
-def _plain(node) -> Any:
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
-    if isinstance(node, DictConfig | ListConfig):
-        return OmegaConf.to_container(node, resolve=True)
-    if isinstance(node, Mapping):
-        return {k: _plain(v) for k, v in node.items()}
-    return node
 
 
 def _hydra_value(v) -> str:
