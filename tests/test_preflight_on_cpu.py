@@ -685,8 +685,46 @@ def test_warnings_of_library_imports_are_held_back_and_others_still_print(tmp_pa
             warnings.warn("max_num_seqs is ignored here", UserWarning, stacklevel=1)
     assert [str(w.message) for w in shown] == ["max_num_seqs is ignored here"]
     assert notices.held == ["UserWarning: fancy engine is not available: no module named fancy"]
-    assert notices.summary().startswith("note: 1 warning(s) while importing the libraries")
+    assert notices.summary().startswith("note: 1 warning(s) and log line(s) while importing the libraries")
     assert ImportNotices().summary() == ""
+
+
+def test_log_lines_of_library_imports_are_held_back_and_errors_and_later_lines_still_print(tmp_path, monkeypatch):
+    """Found by a user: the first lines of a dry run were verl's "Platform override" INFO line and
+    torch's "No CUDA runtime is found" warning (logged by modules' top-level code), not the plan."""
+    import importlib
+    import logging
+
+    from npu_rl.preflight.__main__ import ImportNotices
+
+    (tmp_path / "noisy_platform.py").write_text(
+        "import logging\nlog = logging.getLogger('noisy_platform')\n"
+        "log.info('Platform override from VERL_PLATFORM: cpu')\nlog.warning('No CUDA runtime is found')\n"
+        "log.error('the config file is unreadable')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    log = logging.getLogger("noisy_platform")
+    log.addHandler(handler := Keep())
+    log.setLevel(logging.INFO)
+    try:
+        with ImportNotices() as notices:
+            importlib.import_module("noisy_platform")
+            log.warning("at run time")
+        log.info("after the preflight")
+    finally:
+        log.removeHandler(handler)
+    assert seen == ["the config file is unreadable", "at run time", "after the preflight"]
+    assert notices.held == [
+        "INFO noisy_platform: Platform override from VERL_PLATFORM: cpu",
+        "WARNING noisy_platform: No CUDA runtime is found",
+    ]
+    assert "(the first warning: WARNING noisy_platform: No CUDA runtime is found)" in notices.summary()
 
 
 # --- DAPO's overlong reward shaping (issue 34): judged by verl's own DAPORewardManager ---------------------

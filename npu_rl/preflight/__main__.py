@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import logging
 import os
 import sys
 import warnings
@@ -12,22 +13,35 @@ from npu_rl.preflight.async_trainers import TRAINERS
 
 
 class ImportNotices:
-    """Hold back the warnings libraries emit while they are being imported (verl's optional engines,
+    """Hold back the warnings and log lines below ERROR that libraries emit while they are being
+    imported (verl's optional engines and its platform line, torch's "No CUDA runtime is found",
     megatron-core's Transformer Engine / Apex fallbacks: ~20 lines before the plan of every dry run);
-    they are about this machine's optional packages, not the recipe. Every other warning prints as
-    before. :meth:`summary` is one line for the end, or "" when there were none."""
+    they are about this machine's optional packages, not the recipe. Every other warning and log line
+    prints as before. :meth:`summary` is one line for the end, or "" when there were none."""
 
     def __init__(self) -> None:
         self.held: list[str] = []
         self._show = warnings.showwarning
+        self._handle = logging.Logger.handle
 
     def __enter__(self) -> "ImportNotices":
         self._show = warnings.showwarning
         warnings.showwarning = self._hook
+        self._handle = logging.Logger.handle
+        held, handle = self.held, self._handle
+
+        def hold_import_records(logger: logging.Logger, record: logging.LogRecord) -> None:
+            if record.levelno < logging.ERROR and _importing():
+                held.append(f"{record.levelname} {record.name}: {record.getMessage()}")
+            else:
+                handle(logger, record)
+
+        logging.Logger.handle = hold_import_records
         return self
 
     def __exit__(self, *exc) -> None:
         warnings.showwarning = self._show
+        logging.Logger.handle = self._handle
 
     def _hook(self, message, category, filename, lineno, file=None, line=None) -> None:
         if _importing():
@@ -38,9 +52,10 @@ class ImportNotices:
     def summary(self) -> str:
         if not self.held:
             return ""
+        first = next((h for h in self.held if not h.startswith(("INFO ", "DEBUG "))), self.held[0])
         return (
-            f"note: {len(self.held)} warning(s) while importing the libraries, about optional packages "
-            f"this machine lacks, not about the recipe (the first: {self.held[0][:120]})"
+            f"note: {len(self.held)} warning(s) and log line(s) while importing the libraries, about this "
+            f"machine's optional packages and platform, not about the recipe (the first warning: {first[:120]})"
         )
 
 
