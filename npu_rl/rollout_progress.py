@@ -21,6 +21,13 @@ shown as
 - longest: the longest finished response. The trainer sees a response only when it finishes, so a
   running response's length is unknown here; "running for" is the age of the oldest unfinished group,
   which is what tells a hang (it keeps growing while nothing finishes).
+
+One hang it names: a group whose n responses are all in TransferQueue while its status stays
+``running`` and no response has arrived for :data:`STUCK_AFTER_S` seconds. verl's agent loop writes the
+group's terminal status after its sessions settle (``agent_loop_tq.py``, ``_run_prompt``); if that write
+never lands, ``ReplayBuffer.sample`` waits forever with no error (verl issue 7155 for the same wait in
+``main_ppo_sync``; seen once in a CPU DAPO run here). A warning naming the group is printed then, and
+again every interval, whatever the terminal: the run does not stop by itself.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ from npu_rl.errors import NpuRlError
 SWITCH = "NPU_RL_ROLLOUT_PROGRESS"
 INTERVAL = "NPU_RL_ROLLOUT_PROGRESS_INTERVAL"
 DEFAULT_INTERVAL_S: float = settings.setting(INTERVAL).default
+#: seconds without a new response after which a group with all its responses but still ``running`` is named
+STUCK_AFTER_S: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,9 @@ class _Rollout:
     bar: Any = None
     n: int | None = None
     text: str = ""
+    responses: int = -1  # sessions delivered at the last poll, and since when that count stands
+    responses_since: float = 0.0
+    stuck_warned: float = float("-inf")
 
 
 class RolloutProgress:
@@ -127,6 +139,20 @@ class RolloutProgress:
             f"{len(snap.finished)}/{snap.groups_total} groups, {tokens / elapsed:.0f} tok/s, longest {longest} tok"
             + (f", {running} groups running for {_hms(now - oldest)}" if running else f", done in {_hms(elapsed)}")
         )
+        if done != ro.responses:
+            ro.responses, ro.responses_since = done, now
+        stuck = _complete_but_running(snap, ro.n) if ro.n and now - ro.responses_since >= STUCK_AFTER_S else []
+        if stuck and now - ro.stuck_warned >= self.interval_s:
+            print(
+                f"warning: rollout {partition}: group(s) {', '.join(stuck[:4])}{' ...' if len(stuck) > 4 else ''} "
+                f"have all {ro.n} responses in TransferQueue, but their status has stayed 'running' and no "
+                f"response arrived for {_hms(now - ro.responses_since)}: the agent loop's status write "
+                "(after its sessions settle) never reached the TransferQueue controller, and verl's "
+                "ReplayBuffer.sample waits for it forever. Stop the run and resume it from its last checkpoint.",
+                file=self.stream,
+                flush=True,
+            )
+            ro.stuck_warned = now
         finished = running == 0
         if self.tty:
             self._draw_bar(ro, partition, done, total, tokens / elapsed, longest, running, now - oldest)
@@ -163,6 +189,16 @@ def _sessions_per_group(finished: Iterable[str], keys: Iterable[str]) -> int | N
         if uid in fin:
             sessions.setdefault(uid, set()).add(rest.rpartition("_")[0] or rest)
     return max((len(s) for s in sessions.values()), default=None)
+
+
+def _complete_but_running(snap: Snapshot, n: int) -> list[str]:
+    """Running group uids (sorted) with at least ``n`` sessions delivered (``{uid}_{session}_{index}`` keys)."""
+    sessions: dict[str, set[str]] = {}
+    for key in snap.trajectories:
+        uid, _, rest = key.partition("_")
+        if uid in snap.running:
+            sessions.setdefault(uid, set()).add(rest.rpartition("_")[0] or rest)
+    return sorted(uid for uid, s in sessions.items() if len(s) >= n)
 
 
 def _hms(seconds: float) -> str:

@@ -177,3 +177,30 @@ def test_multi_output_sessions_count_once():
     clock.t += 1
     text = p.observe("train", snap(running=["b"], finished=["a"], traj=outputs))
     assert text.startswith("rollout train: 2/4 responses, 1/2 groups, 15 tok/s, longest 7 tok")
+
+
+def test_a_group_with_every_response_but_a_running_status_is_named_after_two_quiet_minutes():
+    """The hang seen in a CPU DAPO run: all n responses of group x are in TransferQueue, its status
+    never leaves 'running', nothing else arrives; group z still lacks a response and is not named."""
+    clock, out = Clock(), io.StringIO()
+    p = RolloutProgress(interval_s=60, stream=out, tty=False, clock=clock)
+    s = snap(
+        running=["x", "z"], finished=["y"], traj={**traj("y", 2, [1, 1]), **traj("x", 2, [1, 1]), **traj("z", 1, [1])}
+    )
+    for _ in range(3):  # 0, 60, 120 s without a new response
+        p.observe("train", s)
+        clock.t += 60
+    warnings = [line for line in out.getvalue().splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1, out.getvalue()
+    assert "group(s) x have all 2 responses" in warnings[0] and "for 0:02:00" in warnings[0]
+    assert "z" not in warnings[0].split("have all")[0]
+
+
+def test_a_new_response_restarts_the_quiet_clock():
+    clock, out = Clock(), io.StringIO()
+    p = RolloutProgress(interval_s=60, stream=out, tty=False, clock=clock)
+    base = {**traj("y", 2, [1, 1]), **traj("x", 2, [1, 1])}
+    for i in range(4):  # a response of another group arrives every minute: the run is moving
+        p.observe("train", snap(running=["x", "w"], finished=["y"], traj={**base, **traj("w", i + 1, [1] * (i + 1))}))
+        clock.t += 60
+    assert "warning:" not in out.getvalue()
