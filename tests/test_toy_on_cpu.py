@@ -7,6 +7,7 @@ transformers' ``Qwen3ForCausalLM``; the chance reward is measured by sampling th
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -150,7 +151,6 @@ def test_the_learning_recipes_preflight_reads_the_toy_models_facts():
     """env_cpu_learn.sh points NPU_RL_MODEL_META at recipes/qwen3-tiny/toy_config.json (the model is
     made on first use, after the preflight): it must be the config the recipe's model command writes."""
     import json
-    import re
 
     from npu_rl import REPO_ROOT
     from npu_rl.models import toy_config
@@ -164,3 +164,27 @@ def test_the_learning_recipes_preflight_reads_the_toy_models_facts():
     assert rc == 0, out
     assert "facts from " + str(REPO_ROOT / "recipes/qwen3-tiny/toy_config.json") in out
     assert "prompt 20 + response 1 <= max_model_len 21 <= max_position_embeddings 128" in out
+
+
+def test_the_grpo_simulator_learns_and_its_lr0_control_does_not_move(toy_model, tmp_path, capsys):
+    """benchmarks/toy_grpo_sim.py, how the recipe's settings were chosen (docs/e2e.md): verl's own
+    advantage and loss on the toy model; at lr 0 the greedy validation never changes, at the recipe's
+    settings it rises far above chance within 16 steps."""
+    import sys
+
+    from npu_rl import REPO_ROOT
+
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    import toy_grpo_sim
+
+    assert data.main(["toy", "--out", str(tmp_path), "--train-rows", "256", "--val-rows", "128"]) == 0
+    common = ["--model", str(toy_model), "--data", str(tmp_path / "toy"), "--seeds", "1", "--test-freq", "4"]
+    capsys.readouterr()
+    assert toy_grpo_sim.main([*common, "--steps", "4", "--lr", "0"]) == 0
+    control = capsys.readouterr().out
+    vals = re.search(r"validation ([\d. ]+?)  ", control).group(1).split()
+    assert len(vals) == 2 and vals[0] == vals[1], control
+    assert toy_grpo_sim.main([*common, "--steps", "16"]) == 0
+    learned = capsys.readouterr().out
+    vals = [float(v) for v in re.search(r"validation ([\d. ]+?)  ", learned).group(1).split()]
+    assert vals[0] <= 0.2 and vals[-1] >= 0.6, learned
