@@ -328,6 +328,7 @@ class Launcher:
         )  # fmt: skip
         cluster.ensure_head_token(self.ray_exe(), self.env, self.log)
         node = cluster.RayNodeProcess(self.ray_exe(), args, run / "ray-head.log", self.env)
+        started = time.time()
         with _Signals(self.log):
             try:
                 self.log(f"starting the Ray head on {topo.address} ({topo.npus_per_node} NPU); log: {node.log_path}")
@@ -343,6 +344,7 @@ class Launcher:
             finally:
                 self.log("stopping Ray")
                 node.stop()
+                self._sweep_shm(started)
 
     def _wait_nodes(self, topo: Topology) -> None:
         """The wait runs in a child process: a Ray driver installs its own SIGTERM handler, which would
@@ -375,6 +377,7 @@ class Launcher:
         )  # fmt: skip
         node = cluster.RayNodeProcess(self.ray_exe(), args, run / "ray-worker.log", self.env)
         lost_grace = _seconds(self.env, "HEAD_LOST_GRACE", 30)
+        started = time.time()
         with _Signals(self.log):
             try:
                 cluster.wait_for_head(
@@ -402,6 +405,19 @@ class Launcher:
                 return 128 + e.signum
             finally:
                 node.stop()
+                self._sweep_shm(started)
+
+    def _sweep_shm(self, started: float) -> None:
+        """Remove the shared-memory segments the run's killed processes left (npu_rl.launch.shm)."""
+        from npu_rl.launch import shm
+
+        removed = shm.sweep(started)
+        if removed:
+            self.log(
+                f"removed {len(removed)} shared-memory segment(s) the run's processes left in {shm.SHM_DIR} "
+                f"({', '.join(p.name for p in removed[:3])}{' ...' if len(removed) > 3 else ''}; "
+                "vLLM's message queues, not unlinked when Ray stops the engines)"
+            )
 
 
 def _stop_group(proc: subprocess.Popen, signum: int, grace: float) -> None:
