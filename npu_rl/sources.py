@@ -92,10 +92,11 @@ class Outcome:
 class Downloader:
     """Fetches and verifies archives into the cache, using the configured package index."""
 
-    def __init__(self, cache: Path, log=print) -> None:
+    def __init__(self, cache: Path, log=print, git_allowed: bool = True) -> None:
         self.cache = cache
         self.archives = cache / "archives"
         self.log = log
+        self.git_allowed = git_allowed  # False under --no-git: no message may suggest --from git
         self._client = None
         self.index_url = pip_setting("index-url")
 
@@ -174,7 +175,7 @@ class Downloader:
             part.unlink()
             if got == cached:
                 raise DigestError(self._lock_suspect(up, cached, f"a fresh download from {self._index_label()}"))
-            git_hint = " or use --from git," if getattr(up, "commit", None) else ""
+            git_hint = " or use --from git," if getattr(up, "commit", None) and self.git_allowed else ""
             raise DigestError(
                 f"{up.name}: {up.pypi.filename} from {self._index_label()} has sha256 {got}, "
                 f"but sources.lock pins {up.pypi.sha256}. The download was deleted.{kept} If your index is a "
@@ -501,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     dest = (args.dest or REPO_ROOT / "sources").resolve()
-    downloader = Downloader(cache_dir(), log=lambda m: print(m, file=sys.stderr))
+    downloader = Downloader(cache_dir(), log=lambda m: print(m, file=sys.stderr), git_allowed=not args.no_git)
     rows, failures, code = [], [], 0
     try:
         with srclock.exclusive(dest, "download_sources.sh " + " ".join(argv if argv is not None else sys.argv[1:])):

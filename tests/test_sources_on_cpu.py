@@ -144,6 +144,24 @@ def test_a_mirror_serving_another_file_keeps_the_cached_archive(env, tmp_path, l
     assert cached.read_bytes() == b"an older, different file"
 
 
+@pytest.mark.parametrize("git_allowed", [True, False])
+def test_the_mirror_message_suggests_git_only_where_allowed(env, tmp_path, local_index, archive, lock, git_allowed):
+    """Issue 38: under --no-git (or for an upstream with no pinned commit) "use --from git" is no way out."""
+    import dataclasses
+
+    up = lock.get("mbridge")
+    up = dataclasses.replace(up, commit=up.commit or "0" * 40)  # pinned to a commit: git could serve it
+    bad = tmp_path / "bad.tar.gz"
+    data = bytearray(archive("mbridge").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    local_index.add(up.pypi.project, bad, served_name=up.pypi.filename)
+    with pytest.raises(DigestError) as e:
+        Downloader(env, log=lambda m: None, git_allowed=git_allowed).fetch(up)
+    assert ("--from git" in str(e.value)) is git_allowed
+    assert "fix the mirror" in str(e.value)
+
+
 def test_interrupted_download_part_file_is_discarded(env, tmp_path, local_index, archive, lock, capsys):
     up = lock.get("mbridge")
     local_index.add(up.pypi.project, archive("mbridge"))
