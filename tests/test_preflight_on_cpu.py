@@ -827,3 +827,26 @@ def test_a_missing_model_or_data_the_cpu_recipes_make_themselves_is_not_sent_to_
     # outside NPU_RL_TINY_DIR a missing model is still fetched from a hub
     warned = {p.key: p.fix for p in check(env=env).report.warnings}
     assert warned["actor_rollout_ref.model.path"].startswith("python -m npu_rl.models download Qwen/Qwen3-32B")
+
+
+# --- the critic (issue 38): the actor's treatment for its model folder, and a plan line -----------------
+GAE = ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=1"]
+
+
+@pytest.mark.parametrize(("dry", "kind"), [("1", "warnings"), ("0", "errors")])
+def test_an_absent_critic_folder_is_judged_like_the_actors_and_verl_still_checks_the_rest(dry, kind):
+    """Found by a user: with a critic path absent on the dry-run machine, the only finding was verl's
+    Hugging Face "Repo id must be in the form ..." for critic.model, and nothing after it ran."""
+    r = check(*GAE, "critic.model.path=/nonexistent/value-model", env={**ENV_2X16, "NPU_RL_DRY_RUN": dry})
+    found = {p.key: p for p in getattr(r.report, kind)}
+    assert "/nonexistent/value-model does not exist" in found["critic.model.path"].message, r.render()
+    assert "Repo id" not in r.render()
+    assert dict(r.plan)["critic"].startswith("/nonexistent/value-model (gae trains a value model")
+
+
+def test_the_plan_names_the_critic_only_when_verl_trains_one(tmp_path):
+    critic_dir = tmp_path / "value-model"
+    critic_dir.mkdir()
+    r = check(*GAE, f"critic.model.path={critic_dir}")
+    assert dict(r.plan)["critic"] == f"{critic_dir} (gae trains a value model; its memory is not in memory/die)"
+    assert "critic" not in dict(check().plan)  # grpo: no critic

@@ -128,6 +128,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     override = sel(cfg, "actor_rollout_ref.model.override_config", {}) or {}
     model, config_json = _model_facts(model_path, env, report, checks.plain(override))
     _check_files(cfg, model_path, env, report, config_only=feature_settings.is_on("NPU_RL_RANDOM_INIT", env))
+    critic, critic_stand_in = _check_critic(cfg, env, report, config_json)
     pools = async_checks.check_pools(cfg, env, report) if separate else None
     world = pools.trainer_dies if pools else checks.check_resources(cfg, env, report)
     rollout_world = pools.rollout_dies if pools else world
@@ -146,7 +147,8 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     memo = _open_memo(cfg, cli.injected, env, config_json, report)
     with memo.stage("verl validate_config", report) as run:
         if run:
-            _verl_validate(step_cfg, report, cli.injected)
+            with _config_folder(critic_stand_in) as folder:
+                _verl_validate(_with_critic_path(step_cfg, folder), report, cli.injected)
     node_env = json.loads(env["NPU_RL_NODE_FEATURE_ENV"]) if env.get("NPU_RL_NODE_FEATURE_ENV") else None
     feats = feature_settings.check(env, lambda k: sel(cfg, k), node_env)
     check_sampler(cfg, env, report)
@@ -202,6 +204,8 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         plan.append(("spec decode", sam_plan))
     if overlong:
         plan.append(("overlong shaping", overlong))
+    if critic:
+        plan.append(("critic", critic))
     if model is None:
         return plan
     lengths = checks.check_lengths(cfg, model, report)
@@ -311,6 +315,67 @@ def _fully_async_step_config(cfg):
         with open_dict(step):
             step.data.train_batch_size = mini * rb
     return step
+
+
+def _check_critic(
+    cfg, env: Mapping[str, str], report: Report, actor_config: Path | None
+) -> tuple[str | None, Path | None]:
+    """The critic's model folder, when verl's own ``need_critic`` says the run trains one (``gae``, or
+    ``critic.enable``): an absent ``critic.model.path`` gets what the actor's gets (a warning in a dry
+    run, an error on the head). A path never set is ``checks.check_algorithm``'s error.
+
+    Returns the plan's line (None without a critic) and, when the path cannot be read here, the
+    config.json that stands in for it in verl's ``validate_config`` (the actor's), else None: verl
+    would otherwise stop there on a Hugging Face "Repo id must be in the form ..." for ``critic.model``.
+    """
+    from verl.trainer.ppo.utils import need_critic
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Disabled critic" for every critic-free estimator
+        if not need_critic(cfg):
+            return None, None
+    key = "critic.model.path"
+    path = str(checks.sel(cfg, key, "") or "")
+    estimator = str(checks.sel(cfg, "algorithm.adv_estimator", ""))
+    why = f"{estimator} trains a value model" if estimator == "gae" else "critic.enable=True"
+    stand_in = actor_config
+    if not path or path == checks.verl_default(key):
+        return "not set (see the error)", stand_in
+    if "://" not in path and not Path(os.path.expanduser(path)).is_dir():
+        dry = env.get("NPU_RL_DRY_RUN") == "1"
+        (report.warn if dry else report.error)(
+            key,
+            f"{path} does not exist {'here (fine for a dry run on another machine)' if dry else 'on the head node'}"
+            + ("; verl's config checks ran with the actor's config.json in its place" if stand_in else ""),
+            f"python -m npu_rl.models download {hub_id(path)} --dest {path} (or point {key} at the critic's folder)",
+        )
+        return f"{path} ({why}; not on this machine)", stand_in
+    return f"{path} ({why}; its memory is not in memory/die)", None
+
+
+@contextlib.contextmanager
+def _config_folder(config_json: Path | None):
+    """A folder holding ``config_json`` as its config.json (its own folder when so named, else a
+    temporary one, removed afterwards); None for None."""
+    if config_json is None or config_json.name == "config.json":
+        yield None if config_json is None else str(config_json.parent)
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="npu-rl-critic-") as tmp:
+        (Path(tmp) / "config.json").write_text(config_json.read_text())
+        yield tmp
+
+
+def _with_critic_path(cfg, path: str | None):
+    """``cfg`` with ``critic.model.path`` set to ``path`` (a copy), or ``cfg`` itself when ``path`` is None."""
+    if path is None:
+        return cfg
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    OmegaConf.update(cfg, "critic.model.path", path)
+    return cfg
 
 
 def _check_files(cfg, model_path: str, env: Mapping[str, str], report: Report, config_only: bool = False) -> None:

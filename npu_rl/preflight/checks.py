@@ -858,7 +858,7 @@ def check_algorithm(cfg, report: Report) -> None:
         critic = need_critic(cfg)
     if critic:
         path = str(sel(cfg, "critic.model.path", "") or "")
-        if not path or path == _verl_default("critic.model.path"):
+        if not path or path == verl_default("critic.model.path"):
             report.error(
                 "critic.model.path",
                 f"{key}={name} trains a critic (verl's need_critic), and critic.model.path is "
@@ -868,7 +868,7 @@ def check_algorithm(cfg, report: Report) -> None:
             )
 
 
-def _verl_default(key: str):
+def verl_default(key: str):
     """``key``'s value in the pinned verl's generated trainer yaml (its defaults, read, not copied)."""
     from omegaconf import OmegaConf
 
