@@ -132,6 +132,31 @@ def test_hand_modified_tree_is_refused_untouched_and_revert_restores(sources, ca
     assert "# local experiment" in target.read_text()
 
 
+def test_a_hand_edit_on_the_applied_series_is_named_file_by_file_and_comes_back_on_top_of_it(sources, capsys):
+    """Issue 38: a hand edit of a file the series patches, on the applied tree, was reported as "all the
+    series' files (cut at 20)", and --revert saved a diff from the baseline that no longer applied once
+    the series was back. Now the edited files alone are named, and the saved diff applies on the series."""
+    patched = "verl/trainer/ppo/v1/trainer_base.py"
+    assert cli(sources=sources) == 0
+    capsys.readouterr()
+    target = sources / "verl" / patched
+    target.write_text(target.read_text() + "\n# my local experiment\n")
+    (sources / "verl" / "notes.txt").write_text("notes\n")
+    assert cli(sources=sources) == 3
+    err = capsys.readouterr().err
+    listed = [line.strip() for line in err.splitlines() if line.startswith("      ")]
+    assert "differ from what the series produces" in err
+    assert sorted(listed) == ["A notes.txt", f"M {patched}"], err
+    assert cli("--revert", sources=sources) == 0
+    out = capsys.readouterr().out
+    assert tree_hashes(sources) == baseline_hashes(sources)
+    assert "saved your changes to 2 file(s) (against what the series produces)" in out and patched in out
+    (backup,) = (sources / ".backup").glob("verl-*.diff")
+    assert cli(sources=sources) == 0  # the series again, then the hand edit on top of it
+    git(sources / "verl", "apply", str(backup))
+    assert target.read_text().endswith("# my local experiment\n") and (sources / "verl" / "notes.txt").exists()
+
+
 def test_partial_series_is_refused(sources, one_patch_series, capsys):
     # a two-patch series where only the first is applied (an older checkout's series)
     series_copy = one_patch_series

@@ -116,13 +116,31 @@ def inspect(
             )
         return plan
     plan.state = MODIFIED
-    changed = t.changed_files(plan.expected[0], plan.current)
+    k, changed = closest_series_state(t, plan.expected, plan.current)
     plan.detail = (
-        f"{t.path} was modified outside the patch series; files that differ from the baseline:\n"
-        f"{_file_list(changed)}\n    run apply_all_patches.sh --revert (your changes are saved to a "
-        "backup diff) or export them as a patch"
+        f"{t.path} was modified outside the patch series; files that differ from {_state_name(k, plan.n)}:\n"
+        f"{_file_list(changed)}\n    run apply_all_patches.sh --revert (these changes are saved as a diff "
+        "that applies on top of the series) or export them as a patch"
     )
     return plan
+
+
+def closest_series_state(t: Tree, expected: list[str], current: str) -> tuple[int, list[str]]:
+    """The series state (``k`` patches applied, ``expected[k]``) that the tree ``current`` differs from in
+    the fewest files, and those files (``STATUS path`` lines): what was edited by hand, file by file.
+    Ties go to the later state (a hand edit on an applied tree is the common case)."""
+    best_k, best = 0, None
+    for k in range(len(expected) - 1, -1, -1):
+        changed = t.changed_files(expected[k], current)
+        if best is None or len(changed) < len(best):
+            best_k, best = k, changed
+    return best_k, best or []
+
+
+def _state_name(k: int, n: int) -> str:
+    if k == 0:
+        return "the pristine baseline"
+    return "what the series produces" if k == n else f"what patches 1..{k} of {n} produce"
 
 
 def _refuse_pending_bump(sources_dir: Path, name: str) -> None:
@@ -367,14 +385,20 @@ def _revert_one(p: TreePlan, base: str, current: str, sources_dir: Path, log) ->
     if current not in expected:
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         backup = sources_dir / ".backup" / f"{p.upstream.name}-{stamp}.diff"
+        k, changed = closest_series_state(t, expected, current)
+        n = len(expected) - 1
         try:
             backup.parent.mkdir(parents=True, exist_ok=True)
-            backup.write_text(t.binary_diff(base, current), encoding="utf-8")
+            backup.write_text(t.binary_diff(expected[k], current), encoding="utf-8")
         except OSError as exc:  # the tree is left as it is: its changes are not saved yet
             raise IOFailure.from_os_error(exc, f"saving the changes of {t.path} before reverting it") from None
+        again = (
+            "bash apply_all_patches.sh, then" if k == n and n else "" if k == 0 else f"re-apply patches 1..{k}, then"
+        )
         log(
-            f"{p.upstream.name:14} saved the tree as a diff from the pristine baseline (series changes "
-            f"included) to {backup}; after --revert, 'git apply' it in {t.path} to get the tree back"
+            f"{p.upstream.name:14} saved your changes to {len(changed)} file(s) (against "
+            f"{_state_name(k, n)}) to {backup}:\n{_file_list(changed)}\n"
+            f"    to get them back: {again + ' ' if again else ''}git apply {backup} (in {t.path})"
         )
     t.reset_to_baseline()
     if t.worktree_hash() != base:
