@@ -31,6 +31,8 @@ BASELINE_TAG = "upstream"
 IDENTITY_TRAILER = "Npu-Rl-Baseline"
 #: Trailer recording where the tree came from (pypi archive name or git commit).
 SOURCE_TRAILER = "Npu-Rl-Source"
+#: Trailer recording the sha256 of the index archive a tree was unpacked from (absent for git trees).
+ARCHIVE_TRAILER = "Npu-Rl-Archive-Sha256"
 
 _IDENT = {
     "GIT_AUTHOR_NAME": "npu-rl-recipes",

@@ -33,7 +33,16 @@ from npu_rl.errors import (
     SourceUnreachable,
     TreeStateError,
 )
-from npu_rl.gittree import IDENTITY_TRAILER, SOURCE_TRAILER, Tree, git, git_error_text, gitpython, init_baseline
+from npu_rl.gittree import (
+    ARCHIVE_TRAILER,
+    IDENTITY_TRAILER,
+    SOURCE_TRAILER,
+    Tree,
+    git,
+    git_error_text,
+    gitpython,
+    init_baseline,
+)
 from npu_rl.lock import Artifact, Lock, Upstream, load_lock
 from npu_rl.table import format_table
 
@@ -294,18 +303,34 @@ def _extract(archive: Path, into: Path) -> Path:
 
 # --- trees --------------------------------------------------------------------------------------
 def tree_state(up: Upstream, dest: Path) -> str:
-    """'absent', 'ok' (at the locked baseline), or a description of what is there instead."""
+    """'absent', 'ok' (at the locked baseline), or a description of what is there instead.
+
+    A tree unpacked from an index archive records the archive's sha256; when sources.lock now pins
+    another digest for that archive, the tree is not what the lock says, even at the same commit."""
     tree = Tree(dest / up.name)
     if not tree.exists():
         return "absent"
     if not tree.is_ours():
         return "not a tree made by download_sources.sh"
-    ident = tree.identity()
-    return "ok" if ident == up.identity else f"at baseline {ident!r}"
+    trailers = tree.baseline_trailers()
+    ident = trailers.get(IDENTITY_TRAILER)
+    if ident != up.identity:
+        return f"at baseline {ident!r}"
+    made_from = trailers.get(ARCHIVE_TRAILER)
+    if made_from and up.pypi and made_from != up.pypi.sha256:
+        return (
+            f"unpacked from {up.pypi.filename} with sha256 {made_from}, but sources.lock pins {up.pypi.sha256} "
+            "for it (a changed pin, or a typo in sources.lock: compare it with the project's published sha256)"
+        )
+    return "ok"
 
 
-def _install_tree(up: Upstream, built_root: Path, dest: Path, source: str, force: bool) -> None:
+def _install_tree(
+    up: Upstream, built_root: Path, dest: Path, source: str, force: bool, archive_sha256: str | None = None
+) -> None:
     trailers = {IDENTITY_TRAILER: up.identity, SOURCE_TRAILER: source}
+    if archive_sha256:
+        trailers[ARCHIVE_TRAILER] = archive_sha256
     init_baseline(built_root, f"{up.name} {up.version}: pristine upstream tree", trailers)
     target = dest / up.name
     with signals.deferred("replacing the tree"):  # the two renames are not split by a signal
@@ -325,7 +350,8 @@ def build_from_archive(up: Upstream, archive: Path, dest: Path, force: bool) -> 
     """Unpack a verified archive into ``dest/<name>`` as a baseline git tree (atomic rename)."""
     with tempfile.TemporaryDirectory(prefix=f".{up.name}.tmp-", dir=dest) as tmp:
         root = _extract(archive, Path(tmp) / "x")
-        _install_tree(up, root, dest, f"pypi {up.pypi.filename}", force)
+        # the archive was verified against the lock by Downloader.fetch
+        _install_tree(up, root, dest, f"pypi {up.pypi.filename}", force, archive_sha256=up.pypi.sha256)
 
 
 def build_from_git(up: Upstream, dest: Path, force: bool) -> None:
@@ -456,8 +482,9 @@ def process(
     if state == "ok":
         out.state = "up to date"
     elif state != "absent" and not force:
+        what = state if state.startswith("unpacked from") else f"{state}, not {up.identity!r}"
         raise TreeStateError(
-            f"{dest / up.name} is {state}, not {up.identity!r}; rerun with --force to replace it "
+            f"{dest / up.name} is {what}; rerun with --force to replace it "
             "(local changes in it are lost), or choose another --dest"
         )
     elif source == "pypi":

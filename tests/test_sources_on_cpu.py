@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from npu_rl import REPO_ROOT
-from npu_rl.errors import DigestError, SourceUnreachable
+from npu_rl.errors import DigestError, SourceUnreachable, TreeStateError
 from npu_rl.gittree import Tree, git
 from npu_rl.lock import load_lock
 from npu_rl.sources import Downloader, build_from_git, sha256_of
@@ -115,6 +115,30 @@ def test_a_typo_in_the_lock_blames_the_lock_and_keeps_the_valid_cached_archive(
     assert cached.stat().st_mtime_ns == before and sha256_of(cached) == up.pypi.sha256
     assert not [p.name for p in cached.parent.iterdir() if p.name.endswith(".part")]
     assert len(file_requests(local_index)) == (0 if publish else 1)  # the published digest is enough
+
+
+def test_a_tree_made_from_another_archive_digest_is_never_up_to_date(env, tmp_path, local_index, archive, lock):
+    """Issue 38: a tree records the sha256 of the archive it was unpacked from; once sources.lock pins
+    another digest for that archive (here one wrong hex digit), the tree is not "up to date" even at
+    the same commit, and the message points at the lock."""
+    from npu_rl.sources import process, tree_state
+
+    up = lock.get("mbridge")
+    local_index.add(up.pypi.project, archive("mbridge"))
+    dest = tmp_path / "sources"
+    dest.mkdir()
+    downloader = Downloader(env, log=lambda m: None)
+    assert process(up, "pypi", dest, downloader, force=False).state.endswith("unpacked")
+    assert tree_state(up, dest) == "ok"
+    typo = _one_digit_off(up)
+    state = tree_state(typo, dest)
+    assert state.startswith(f"unpacked from {up.pypi.filename} with sha256 {up.pypi.sha256}, but sources.lock pins")
+    assert typo.pypi.sha256 in state and "typo in sources.lock" in state
+    with pytest.raises(TreeStateError, match="typo in sources.lock.*--force"):
+        process(typo, "pypi", dest, downloader, force=False)
+    with pytest.raises(DigestError, match="sources.lock is the likely culprit"):  # --force: the lock, still
+        process(typo, "pypi", dest, downloader, force=True)
+    assert tree_state(up, dest) == "ok"  # the valid tree was not replaced
 
 
 def test_a_cache_that_disagrees_with_the_lock_is_kept_when_the_index_is_unreachable(env, archive, lock, monkeypatch):
