@@ -153,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         help="folder of train.parquet and val.parquet (default: the recipe's)",
     )
     p.add_argument("--seeds", type=int, default=8, help="runs: seeds of sampling and data order")
-    p.add_argument("--steps", type=int, default=16)
-    p.add_argument("--test-freq", type=int, default=4, help="validate every this many steps, and at the end")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--test-freq", type=int, default=5, help="validate every this many steps, and at the end")
     p.add_argument("--prompts", type=int, default=32, help="prompts per step (data.train_batch_size)")
     p.add_argument("--n", type=int, default=32, help="responses per prompt (rollout.n)")
     p.add_argument(

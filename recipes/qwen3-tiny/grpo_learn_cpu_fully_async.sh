@@ -7,15 +7,15 @@
 # rollout on, and the weights sent through our gloo checkpoint engine after every step.
 #   bash ray_start_npu.sh recipes/qwen3-tiny/grpo_learn_cpu_fully_async.sh recipes/qwen3-tiny/env_cpu_async_learn.sh
 # Env: env_cpu_async_learn.sh
-# Schedule: the sync learning run's 64 optimizer steps of 8 prompts x 32 responses at lr 3e-3, one per
+# Schedule: the sync learning run's 80 optimizer steps of 8 prompts x 32 responses at lr 3e-3, one per
 # trainer step (ppo_mini_batch_size 8, require_batches 1: the shape under which actor/ppo_kl is the
-# rollout-vs-actor KL the evidence checks), 512 prompts = 64 weight versions, validation before
-# training and every 16 versions. Answers are one token, so no request is ever in flight long
+# rollout-vs-actor KL the evidence checks), 640 prompts = 80 weight versions, validation before
+# training and every 20 versions. Answers are one token, so no request is ever in flight long
 # enough for a weight sync to interrupt it: partial rollout is on but has nothing to resume
 # (docs/e2e.md says why no CPU run can show one).
-# Measured (docs/e2e.md, "Learning runs"): validation 0 / 0.64 / 1.0 / 1.0 / 1.0 at versions 0/16/32/48/64,
-# 3 min 51 s from launch to exit; verl's trainer logs 63 steps for the 64 pulls.
-# Evidence: python -m npu_rl.e2e check-async RUN_DIR --min-steps 63 --learned 0.1 --final-val 0.9
+# Measured (docs/e2e.md, "Learning runs"): with 64 versions, validation 0 / 0.64 / 1.0 / 1.0 / 1.0 at
+# versions 0/16/32/48/64 in 3 min 51 s; verl's trainer logs one step fewer than weight versions.
+# Evidence: python -m npu_rl.e2e check-async RUN_DIR --min-steps 79 --learned 0.1 --final-val 0.9
 set -euo pipefail
 # shellcheck source=internal/verl.sh
 source "${NPU_RL_ROOT:-$(dirname "${BASH_SOURCE[0]}")/../..}/internal/verl.sh"
@@ -46,7 +46,7 @@ NPUS_PER_NODE="${NPUS_PER_NODE:-2}"
 TRAINER_DIES="${TRAINER_DIES:-1}"
 ROLLOUT_DIES="$((NPUS_PER_NODE - TRAINER_DIES))"
 TOY_MODEL_PATH="${TOY_MODEL_PATH:-${NPU_RL_TINY_DIR:?set by env_cpu.sh}/Qwen3-toy}"
-TOY_TRAIN_ROWS=256
+TOY_TRAIN_ROWS=320
 TOY_DATA_DIR="${TOY_DATA_DIR:-$NPU_RL_TINY_DIR/toy-data}"
 PY="${NPU_RL_TRAIN_PYTHON:-python3}"
 
@@ -118,7 +118,7 @@ ASYNC=(
     trainer.n_gpus_per_node="$TRAINER_DIES"
     rollout.nnodes=1
     rollout.n_gpus_per_node="$ROLLOUT_DIES"
-    rollout.total_rollout_steps=512
+    rollout.total_rollout_steps=640
     async_training.partial_rollout=True
     async_training.staleness_threshold=0.5
     async_training.trigger_parameter_sync_step=1
@@ -140,7 +140,7 @@ TRAINER=(
     # Not -1: the fully-async trainer logs a step's metrics one step late and flushes the last step
     # only when current_param_version % test_freq != 0 (fully_async_trainer.py, fit), and x % -1 is
     # always 0 in Python. 1000 never validates here (it would at version 1000) and logs the last step.
-    trainer.test_freq=16
+    trainer.test_freq=20
 )
 
 run_verl --trainer fully_async "${DATA[@]}" "${MODEL[@]}" "${REWARD[@]}" "${ALGORITHM[@]}" "${ROLLOUT[@]}" "${ASYNC[@]}" \
