@@ -180,25 +180,25 @@ class RolloutProgress:
         ro.bar.refresh()
 
 
-def _sessions_per_group(finished: Iterable[str], keys: Iterable[str]) -> int | None:
-    """n (sessions per prompt group) as seen in finished groups: distinct ``{uid}_{session}`` per uid."""
-    fin = set(finished)
+def _sessions_by_group(keys: Iterable[str], groups: Iterable[str]) -> dict[str, set[str]]:
+    """uid -> its delivered sessions, for the uids in ``groups``, from trajectory keys ``{uid}_{session}_{index}``."""
+    wanted = set(groups)
     sessions: dict[str, set[str]] = {}
     for key in keys:
         uid, _, rest = key.partition("_")
-        if uid in fin:
+        if uid in wanted:
             sessions.setdefault(uid, set()).add(rest.rpartition("_")[0] or rest)
-    return max((len(s) for s in sessions.values()), default=None)
+    return sessions
+
+
+def _sessions_per_group(finished: Iterable[str], keys: Iterable[str]) -> int | None:
+    """n (sessions per prompt group) as seen in finished groups: distinct ``{uid}_{session}`` per uid."""
+    return max((len(s) for s in _sessions_by_group(keys, finished).values()), default=None)
 
 
 def _complete_but_running(snap: Snapshot, n: int) -> list[str]:
     """Running group uids (sorted) with at least ``n`` sessions delivered (``{uid}_{session}_{index}`` keys)."""
-    sessions: dict[str, set[str]] = {}
-    for key in snap.trajectories:
-        uid, _, rest = key.partition("_")
-        if uid in snap.running:
-            sessions.setdefault(uid, set()).add(rest.rpartition("_")[0] or rest)
-    return sorted(uid for uid, s in sessions.items() if len(s) >= n)
+    return sorted(uid for uid, s in _sessions_by_group(snap.trajectories, snap.running).items() if len(s) >= n)
 
 
 def _hms(seconds: float) -> str:

@@ -342,10 +342,10 @@ def _check_critic(
     if not path or path == checks.verl_default(key):
         return "not set (see the error)", stand_in
     if "://" not in path and not Path(os.path.expanduser(path)).is_dir():
-        dry = env.get("NPU_RL_DRY_RUN") == "1"
-        (report.warn if dry else report.error)(
+        flag, where = _absent_here(env, report)
+        flag(
             key,
-            f"{path} does not exist {'here (fine for a dry run on another machine)' if dry else 'on the head node'}"
+            f"{path} does not exist {where}"
             + ("; verl's config checks ran with the actor's config.json in its place" if stand_in else ""),
             f"python -m npu_rl.models download {hub_id(path)} --dest {path} (or point {key} at the critic's folder)",
         )
@@ -357,14 +357,15 @@ def _check_critic(
 def _config_folder(config_json: Path | None):
     """A folder holding ``config_json`` as its config.json (its own folder when so named, else a
     temporary one, removed afterwards); None for None."""
-    if config_json is None or config_json.name == "config.json":
-        yield None if config_json is None else str(config_json.parent)
+    if config_json is None:
+        yield None
         return
     import tempfile
 
+    from npu_rl.preflight.libraries import _config_dir
+
     with tempfile.TemporaryDirectory(prefix="npu-rl-critic-") as tmp:
-        (Path(tmp) / "config.json").write_text(config_json.read_text())
-        yield tmp
+        yield str(_config_dir(config_json, Path(tmp)))
 
 
 def _with_critic_path(cfg, path: str | None):
@@ -378,14 +379,20 @@ def _with_critic_path(cfg, path: str | None):
     return cfg
 
 
+def _absent_here(env: Mapping[str, str], report: Report):
+    """How to report a file the run reads that this machine lacks: (report.warn, "here (...)") in a dry
+    run, which may run on a machine that has neither; (report.error, "on the head node") before a real run."""
+    if env.get("NPU_RL_DRY_RUN") == "1":
+        return report.warn, "here (fine for a dry run on another machine)"
+    return report.error, "on the head node"
+
+
 def _check_files(cfg, model_path: str, env: Mapping[str, str], report: Report, config_only: bool = False) -> None:
     """The model and data files the run reads: errors on the head before a real run, warnings in a
     dry run (which may run on a machine that has neither)."""
     from npu_rl.models import missing_files
 
-    dry = env.get("NPU_RL_DRY_RUN") == "1"
-    flag = report.warn if dry else report.error
-    where = "here (fine for a dry run on another machine)" if dry else "on the head node"
+    flag, where = _absent_here(env, report)
     model_dir = Path(os.path.expanduser(model_path))
     only = " --config-only" if config_only else ""
     if model_dir.is_dir():
