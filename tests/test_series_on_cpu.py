@@ -17,6 +17,21 @@ def test_repository_series_are_valid(lock):
             assert all(f for f in p.files)
 
 
+def test_tests_fields_name_files_of_the_upstream_tree(pristine_sources):
+    """A ``Tests:`` path names an upstream test (run in the patched tree by run_tests.sh's upstream stage).
+
+    Our own tests live in tests/ and are not named there: a path the tree lacks would fail the full
+    tier ~40 minutes in, so it fails here, in the quick tier, naming the patch."""
+    for name in series_upstreams():
+        tree = pristine_sources / name
+        for p in load_series(name).patches:
+            for t in p.tests:
+                added = any(f == t or f.startswith(t.rstrip("/") + "/") for f in p.files)
+                assert added or (tree / t).exists(), (
+                    f"patches/{name}/{p.name}: Tests: {t} is not in the {name} tree; name upstream tests only"
+                )
+
+
 def first_patch(patches):
     """The first patch file of the verl series in ``patches`` (its number is whatever the series says)."""
     return patches / "verl" / load_series("verl", patches).patches[0].name
