@@ -150,8 +150,12 @@ tests::main_job() {
     #    (0.9) in 20 steps through the real launcher, with the CPU features on (env_cpu_learn.sh). Groups of
     #    32 and an entropy bonus keep the policy exploring: with groups of 16 and no bonus, 2 of 4 CI runs
     #    stopped at 0.88 (the policy turned deterministic with a digit's prompts answered wrong; docs/e2e.md);
-    # 2. the negative control: the same run with lr 0 stays within 2 x chance, and its policy never
-    #    moves, so the first run's score cannot come from luck or from the evidence reader;
+    # 2. the negative control: the same recipe with lr 0 stays within 2 x chance, and its policy never
+    #    moves, so the first run's score cannot come from luck or from the evidence reader. It runs the
+    #    first 5 of the 20 steps (validation at 0 and 5): with the policy checked still at every step
+    #    ("policy still (control)"), steps 6-20 would draw 15 x 1,024 more samples from the same
+    #    distribution and validate the same weights again, for ~4 minutes of CI. The resampler is off
+    #    there: its evidence needs a second epoch (step 11), and it orders prompts, which lr 0 ignores;
     # 3. DAPO learns the same task (dapo_learn_cpu.sh: clip-higher, token-mean, dynamic sampling, the
     #    overlong shaping), and both DAPO mechanisms leave their trace (--dapo). It must learn to stop as
     #    well as to answer (3 tokens instead of 1); with groups of 32 it passed 0.9 by step 8-12 in its
@@ -167,8 +171,9 @@ tests::main_job() {
         tests::cpu_run main-job-learn "$((total / 4))" --min-steps 20 --learned $chance --final-val "$final" \
         --require "${features[@]}"
     CPU_RUN_RECIPE=recipes/qwen3-tiny/grpo_learn_cpu.sh CPU_RUN_ENV=$env_learn CPU_RUN_CHANCE=$chance \
-        tests::cpu_run main-job-control "$((total / 4))" --min-steps 20 --at-chance $chance -- \
-        actor_rollout_ref.actor.optim.lr=0 trainer.experiment_name=qwen3-toy-grpo-lr0
+        tests::cpu_run main-job-control "$((total / 4))" --min-steps 5 --at-chance $chance -- \
+        actor_rollout_ref.actor.optim.lr=0 trainer.total_training_steps=5 data.sampler.class_name=null \
+        trainer.experiment_name=qwen3-toy-grpo-lr0
     CPU_RUN_RECIPE=recipes/qwen3-tiny/dapo_learn_cpu.sh CPU_RUN_ENV=$env_learn CPU_RUN_CHANCE=$chance \
         tests::cpu_run main-job-dapo "$((total / 4))" --min-steps 16 --learned $chance --final-val "${DAPO_FINAL_VAL:-0.9}" --dapo \
         --require "${features[@]}"
