@@ -848,5 +848,64 @@ def test_the_plan_names_the_critic_only_when_verl_trains_one(tmp_path):
     critic_dir = tmp_path / "value-model"
     critic_dir.mkdir()
     r = check(*GAE, f"critic.model.path={critic_dir}")
-    assert dict(r.plan)["critic"] == f"{critic_dir} (gae trains a value model; its memory is not in memory/die)"
+    assert dict(r.plan)["critic"] == f"{critic_dir} (gae trains a value model)"
     assert "critic" not in dict(check().plan)  # grpo: no critic
+    assert "critic" not in dict(check().plan)["memory/die"]
+
+
+# Qwen3-32B's value model: 32,762,123,264 parameters (the checkpoint's safetensors total) less its untied
+# LM head, 151,936 x 5,120 = 0.778 B, plus a 5,120-weight value head: 31.98 B. Per die, bf16 weights 2 B,
+# fp32 grads 4 B, AdamW's fp32 master and moments 12 B per parameter.
+VALUE_32B = 32_762_123_264 - 151_936 * 5_120 + 5_120
+GIB = 1024**3
+FSDP = [o for o in BASE if "megatron" not in o] + [
+    "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+]
+CRITIC_OFFLOAD_FSDP = ["critic.fsdp.param_offload=True", "critic.fsdp.optimizer_offload=True"]
+
+
+@pytest.fixture
+def value_model(tmp_path):
+    folder = tmp_path / "Qwen3-32B-value"
+    folder.mkdir()
+    (folder / "config.json").write_text((MODELS_DIR / "Qwen3-32B.json").read_text())
+    return folder
+
+
+def test_the_critics_state_is_in_the_memory_estimate_with_its_own_offload_keys(value_model):
+    """Found by a user: with a critic, the plan and the memory estimate left it out. FSDP over 32 dies: the
+    critic's state is 18 B x 31.98 B / 32 per die; with its offloads off it stays beside vLLM's 0.8 x 64 GiB."""
+    r = check(*GAE, f"critic.model.path={value_model}", *CRITIC_OFFLOAD_FSDP, base=FSDP)
+    assert r.ok, r.render()
+    w, g, o = (b * VALUE_32B / 32 / GIB for b in (2, 4, 12))  # 1.86, 3.72, 11.17
+    memory = dict(r.plan)["memory/die"]
+    assert f"critic {w + g + o:.1f} GiB (w {w:.1f} g {g:.1f} opt {o:.1f}" in memory, memory
+    assert f"{value_model / 'config.json'}), 0.0 GiB of it kept on the die" in memory
+    r = check(*GAE, f"critic.model.path={value_model}", base=FSDP)  # the critic's offloads off
+    e = errors(r)["actor_rollout_ref.rollout.gpu_memory_utilization"]
+    assert f"(actor 0.0 + critic {w + g + o:.1f}) stays on the die" in e.message, e.message
+    assert "set critic.fsdp.param_offload=True, or set critic.fsdp.optimizer_offload=True" in e.fix
+    assert "actor_rollout_ref.actor.fsdp_config" not in e.fix  # the actor's state is offloaded already
+
+
+def test_a_critic_left_unsharded_beside_a_sharded_actor_is_named_in_the_fix(value_model):
+    """Megatron: the critic has its own layout keys (critic.megatron.*). Left at TP 1 PP 1 beside the
+    actor's TP 8 PP 2, each die holds all 32 B of its weights: 2 B x 31.98 B = 59.6 GiB."""
+    offload = ["critic.megatron.param_offload=True", "critic.megatron.optimizer_offload=True"]
+    r = check(*GAE, f"critic.model.path={value_model}", *offload)
+    e = errors(r)["memory (training)"]
+    assert f"the critic's update: its weights {2 * VALUE_32B / GIB:.1f}" in e.message, e.message
+    assert e.fix.startswith("raise critic.megatron.tensor/pipeline/expert_model_parallel_size (the critic's state")
+    layout = ["critic.megatron.tensor_model_parallel_size=8", "critic.megatron.pipeline_model_parallel_size=2"]
+    r = check(*GAE, f"critic.model.path={value_model}", *offload, *layout)
+    assert r.ok, r.render()
+    # TP 8 x PP 2: weights and grads over 16 dies, the distributed optimizer over DP 2 as well
+    w, g, o = 2 * VALUE_32B / 16 / GIB, 4 * VALUE_32B / 16 / GIB, 12 * VALUE_32B / 32 / GIB
+    assert f"critic {w + g + o:.1f} GiB (w {w:.1f} g {g:.1f} opt {o:.1f}" in dict(r.plan)["memory/die"]
+
+
+def test_an_absent_critic_folder_is_sized_with_the_actors_shape():
+    r = check(*GAE, "critic.model.path=/nonexistent/value-model", *CRITIC_OFFLOAD_FSDP, base=FSDP)
+    memory = dict(r.plan)["memory/die"]
+    assert "the actor's shape: critic.model.path is not on this machine" in memory, memory

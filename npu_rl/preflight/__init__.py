@@ -215,7 +215,11 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         checks.check_reshard_layout(lay, roll, model, report)
     if any(f.env == "NPU_RL_RANDOM_INIT" for f in feats.on):
         checks.check_random_init(cfg, report)
-    est = checks.estimate_memory(cfg, lay, roll, model, graph=fast.graph_gib if fast is not None else 0.0)
+    critic_facts = _critic_facts(cfg, model, report) if critic not in (None, _CRITIC_UNSET) else None
+    critic_memory = (checks.train_layout(cfg, world, "critic"), critic_facts[0]) if critic_facts else None
+    est = checks.estimate_memory(
+        cfg, lay, roll, model, graph=fast.graph_gib if fast is not None else 0.0, critic=critic_memory
+    )
     checks.check_memory(cfg, est, lengths, report, lay, separate_pools=separate)
     dense, expert = model.params()
     tbs, n = sel(cfg, "data.train_batch_size"), sel(cfg, "actor_rollout_ref.rollout.n")
@@ -295,6 +299,13 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
                 if est.graph
                 else ""
             )
+            + (
+                f"; critic {est.critic.total:.1f} GiB (w {est.critic.weights:.1f} g {est.critic.grads:.1f} "
+                f"opt {est.critic.optimizer:.1f}; value head for the LM head, {critic_facts[1]}), "
+                f"{est.critic.resident:.1f} GiB of it kept on the die beside the actor and vLLM"
+                if est.critic is not None
+                else ""
+            )
             + f"; against {checks.HBM}",
         ),
         ("features on", ", ".join(f.name for f in feats.on) or "none"),
@@ -315,6 +326,9 @@ def _fully_async_step_config(cfg):
         with open_dict(step):
             step.data.train_batch_size = mini * rb
     return step
+
+
+_CRITIC_UNSET = "not set (see the error)"  # the plan's critic line when critic.model.path was never set
 
 
 def _check_critic(
@@ -340,7 +354,7 @@ def _check_critic(
     why = f"{estimator} trains a value model" if estimator == "gae" else "critic.enable=True"
     stand_in = actor_config
     if not path or path == checks.verl_default(key):
-        return "not set (see the error)", stand_in
+        return _CRITIC_UNSET, stand_in
     if "://" not in path and not Path(os.path.expanduser(path)).is_dir():
         flag, where = _absent_here(env, report)
         flag(
@@ -350,7 +364,20 @@ def _check_critic(
             f"python -m npu_rl.models download {hub_id(path)} --dest {path} (or point {key} at the critic's folder)",
         )
         return f"{path} ({why}; not on this machine)", stand_in
-    return f"{path} ({why}; its memory is not in memory/die)", None
+    return f"{path} ({why})", None
+
+
+def _critic_facts(cfg, model: ModelFacts, report: Report) -> tuple[ModelFacts, str]:
+    """The shape the critic is built from, for the memory estimate: its own config.json (with
+    ``critic.model.override_config``) when this machine has it, else the actor's, and what they came from."""
+    path = Path(os.path.expanduser(str(checks.sel(cfg, "critic.model.path", "") or ""))) / "config.json"
+    if path.is_file():
+        override = checks.plain(checks.sel(cfg, "critic.model.override_config", {}) or {})
+        try:
+            return load_model_facts(path, override), str(path)
+        except (OSError, ValueError, KeyError) as e:
+            report.warn("critic.model.path", f"cannot read model facts from {path}: {e!r}; the actor's stand in")
+    return model, "the actor's shape: critic.model.path is not on this machine"
 
 
 @contextlib.contextmanager

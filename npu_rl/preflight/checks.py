@@ -131,10 +131,11 @@ class RolloutLayout:
         return self.tp * self.dp * self.pp
 
 
-def train_layout(cfg, world: int) -> TrainLayout:
-    strategy = str(sel(cfg, f"{A}.strategy", "fsdp"))
+def train_layout(cfg, world: int, role: str = A) -> TrainLayout:
+    """The layout of the model trained under ``role`` (the actor's section, or ``critic``) on ``world`` dies."""
+    strategy = str(sel(cfg, f"{role}.strategy", "fsdp"))
     if strategy in ("megatron", "mindspeed"):
-        s = f"{A}.{strategy}"
+        s = f"{role}.{strategy}"
         tp = int(sel(cfg, f"{s}.tensor_model_parallel_size", 1))
         return TrainLayout(
             engine=strategy,
@@ -147,8 +148,8 @@ def train_layout(cfg, world: int) -> TrainLayout:
             vpp=int(sel(cfg, f"{s}.virtual_pipeline_model_parallel_size", 1)),
             world=world,
         )
-    sp = int(sel(cfg, f"{A}.ulysses_sequence_parallel_size", 1))
-    return TrainLayout(strategy, A, 1, 1, sp, 1, 1, 1, world)
+    sp = int(sel(cfg, f"{role}.ulysses_sequence_parallel_size", 1))
+    return TrainLayout(strategy, role, 1, 1, sp, 1, 1, 1, world)
 
 
 def rollout_layout(cfg) -> RolloutLayout:
@@ -497,21 +498,70 @@ class MemoryEstimate:
     resident_keys: tuple[str, ...] = ()  # the offload switches that are off while their state is on the die
     sharded_optimizer: bool = True  # Megatron's distributed optimizer (FSDP always shards)
     graph: float = 0.0  # the rollout's ACL graph pool: outside gpu_memory_utilization, kept through sleep
+    critic: TrainState | None = None  # the value model's state on the same dies (GAE, critic.enable)
 
     @property
     def train_total(self) -> float:
         return self.train_weights + self.train_grads + self.train_optimizer
 
+    @property
+    def critic_resident(self) -> float:
+        """The critic's state that stays on the die while the actor trains and vLLM runs (GiB)."""
+        return self.critic.resident if self.critic else 0.0
 
-def estimate_memory(
-    cfg, lay: TrainLayout, roll: RolloutLayout, model: ModelFacts, graph: float = 0.0
-) -> MemoryEstimate:
-    """Per-die estimate: bf16 weights, fp32 gradients, fp32 AdamW master + 2 moments (12 B/param,
-    sharded over DP with the distributed optimizer), vLLM weights over rollout TP (experts over EP),
-    KV budget = gpu_memory_utilization x HBM - rollout weights; ``graph`` is the rollout's ACL graph pool
-    (GiB per die), which vllm-ascend allocates after the KV cache, outside gpu_memory_utilization's share,
-    and which sleep mode keeps (its allocator offloads or discards only the weights and KV cache)."""
-    dense, expert = model.params()
+    @property
+    def resident_keys_all(self) -> tuple[str, ...]:
+        """The offload switches, actor's and critic's, that are off while their state is on the die."""
+        return self.resident_keys + (self.critic.resident_keys if self.critic else ())
+
+    def training_peak(self) -> tuple[float, str, tuple[str, ...]]:
+        """The larger update phase: (GiB per die before activations, what it holds, the offload switches
+        that would lower it). Colocated models share the dies: while one updates, the other's state that
+        is not offloaded stays beside it."""
+        actor = (
+            f"weights {self.train_weights:.1f} + grads {self.train_grads:.1f} + optimizer "
+            f"{self.train_optimizer:.1f} = {self.train_total:.1f} GiB"
+        )
+        if self.critic is None:
+            return self.train_total, actor, ()
+        c = self.critic
+        in_actor = self.train_total + c.resident
+        in_critic = c.total + self.resident_in_rollout
+        if in_critic > in_actor:
+            text = (
+                f"the critic's update: its weights {c.weights:.1f} + grads {c.grads:.1f} + optimizer "
+                f"{c.optimizer:.1f} = {c.total:.1f} GiB + the actor's {self.resident_in_rollout:.1f} GiB left on "
+                f"the die = {in_critic:.1f} GiB"
+            )
+            return in_critic, text, self.resident_keys
+        text = f"the actor's update: {actor} + the critic's {c.resident:.1f} GiB left on the die = {in_actor:.1f} GiB"
+        return in_actor, text, c.resident_keys
+
+
+@dataclass(frozen=True)
+class TrainState:
+    """One trained model's per-die state (GiB): bf16 weights, fp32 gradients, the optimizer's fp32 master
+    and moments, and what of it stays on the die between its updates (its offload switches off)."""
+
+    weights: float
+    grads: float
+    optimizer: float
+    resident: float
+    resident_keys: tuple[str, ...]
+    sharded_optimizer: bool
+    layout: TrainLayout | None = None
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer
+
+
+def train_state(cfg, lay: TrainLayout, dense: float, expert: float) -> TrainState:
+    """Per-die state of a model of ``dense`` + ``expert`` parameters trained in layout ``lay`` (its
+    ``section`` is the role's engine section, or the role itself for FSDP): bf16 weights, fp32 gradients,
+    fp32 AdamW master + 2 moments (12 B/param, sharded over DP with the distributed optimizer), and the
+    offload switches of verl 0.9.1's engine configs (``<role>.fsdp_config`` for the actor,
+    ``critic.fsdp`` for the critic, ``<role>.megatron`` for Megatron)."""
     if lay.engine in ("megatron", "mindspeed"):
         on_die = dense / (lay.tp * lay.pp) + expert / (lay.ep * lay.etp * lay.pp)
         expert_dp = max(lay.world // (lay.ep * lay.etp * lay.pp), 1)
@@ -519,11 +569,12 @@ def estimate_memory(
         opt_params = dense / (lay.tp * lay.pp) / (lay.dp if sharded else 1) + expert / (lay.ep * lay.etp * lay.pp) / (
             expert_dp if sharded else 1
         )
-        section = lay.section
+        section, role = lay.section, lay.section.rsplit(".", 1)[0]
     else:  # FSDP shards everything over the world
         on_die = (dense + expert) / lay.world
         opt_params = on_die
-        sharded, section = True, f"{A}.fsdp_config"
+        role = lay.section
+        sharded, section = True, (f"{A}.fsdp_config" if role == A else f"{role}.fsdp")
     # verl 0.9.1: param_offload releases the gradient buffers too (there is no grad_offload any more)
     switches = {"param": f"{section}.param_offload", "grad": f"{section}.param_offload"}
     switches["optimizer"] = f"{section}.optimizer_offload"
@@ -531,11 +582,37 @@ def estimate_memory(
     w, g, o = on_die * 2 / GB, on_die * 4 / GB, opt_params * 12 / GB
     # megatron-core's HybridDeviceOptimizer (optimizer/__init__.py: optimizer_cpu_offload) keeps the share
     # optimizer_offload_fraction (its default 0.0) of the master weights and moments on the host, and steps there
-    host = sel(cfg, f"{A}.optim.override_optimizer_config", None) or {}
-    if section != f"{A}.fsdp_config" and host.get("optimizer_cpu_offload"):
+    host = sel(cfg, f"{role}.optim.override_optimizer_config", None) or {}
+    if lay.engine in ("megatron", "mindspeed") and host.get("optimizer_cpu_offload"):
         o *= 1 - min(max(float(host.get("optimizer_offload_fraction", 0.0) or 0.0), 0.0), 1.0)
     resident = (0 if offload["param"] else w) + (0 if offload["grad"] else g) + (0 if offload["optimizer"] else o)
     resident_keys = tuple(dict.fromkeys(key for part, key in switches.items() if not offload[part]))
+    return TrainState(w, g, o, resident, resident_keys, sharded, lay)
+
+
+def value_model_params(model: ModelFacts) -> tuple[int, int]:
+    """(dense, expert) parameters of verl's critic built from ``model``: the backbone with a 1-output
+    value head in place of the vocabulary head (``AutoModelForTokenClassification``, num_labels=1)."""
+    dense, expert = model.params()
+    return dense - (0 if model.tied_embeddings else model.vocab * model.hidden) + model.hidden, expert
+
+
+def estimate_memory(
+    cfg,
+    lay: TrainLayout,
+    roll: RolloutLayout,
+    model: ModelFacts,
+    graph: float = 0.0,
+    critic: tuple[TrainLayout, ModelFacts] | None = None,
+) -> MemoryEstimate:
+    """Per-die estimate: the actor's state (:func:`train_state`), vLLM weights over rollout TP (experts
+    over EP), KV budget = gpu_memory_utilization x HBM - rollout weights; ``graph`` is the rollout's ACL
+    graph pool (GiB per die), which vllm-ascend allocates after the KV cache, outside
+    gpu_memory_utilization's share, and which sleep mode keeps (its allocator offloads or discards only
+    the weights and KV cache). ``critic``: the critic's layout and the model it is built from, trained
+    on the same dies (:func:`value_model_params`)."""
+    dense, expert = model.params()
+    actor = train_state(cfg, lay, dense, expert)
     ep_split = roll.tp * roll.dp if roll.ep > 1 else roll.tp
     rw = (dense / roll.tp + expert / ep_split) * 2 / GB
     util = float(sel(cfg, f"{R}.gpu_memory_utilization", 0.5))
@@ -543,7 +620,20 @@ def estimate_memory(
     kv_heads_per_die = max(model.kv_heads // roll.tp, 1)
     per_token = 2 * model.layers * kv_heads_per_die * model.head_dim * 2  # K and V, bf16, one die
     kv_tokens = int(max(kv_budget, 0) * GB / per_token) if per_token else 0
-    return MemoryEstimate(w, g, o, resident, rw, kv_budget, kv_tokens, resident_keys, sharded, graph)
+    value = train_state(cfg, critic[0], *value_model_params(critic[1])) if critic else None
+    return MemoryEstimate(
+        actor.weights,
+        actor.grads,
+        actor.optimizer,
+        actor.resident,
+        rw,
+        kv_budget,
+        kv_tokens,
+        actor.resident_keys,
+        actor.sharded_optimizer,
+        graph,
+        value,
+    )
 
 
 def check_memory(
@@ -563,24 +653,27 @@ def check_memory(
         # the training dies hold no graph pool; the rollout dies hold no training state
         report_graph = est.graph
         est = dataclasses.replace(est, graph=0.0)
-    megatron = lay is not None and lay.engine in ("megatron", "mindspeed")
-    train = (
-        f"weights {est.train_weights:.1f} + grads {est.train_grads:.1f} + optimizer {est.train_optimizer:.1f} "
-        f"= {est.train_total:.1f} GiB per die before activations"
-    )
+    peak, train, offload_keys = est.training_peak()
+    train += " per die before activations"
     if est.graph:
         train += f" + the rollout's ACL graph pool ~{est.graph:.2f} GiB (kept through sleep)"
-    if est.train_total + est.graph > hbm * 0.9:
-        if megatron:
-            fix = f"raise {lay.section}.tensor/pipeline/expert_model_parallel_size"
+    if peak + est.graph > hbm * 0.9:
+        # shard the larger of the two states further (a critic left at TP 1 beside a TP 8 actor, say)
+        larger = est.critic.layout if est.critic and est.critic.total > est.train_total else lay
+        if larger is not None and larger.engine in ("megatron", "mindspeed"):
+            fix = f"raise {larger.section}.tensor/pipeline/expert_model_parallel_size"
+            if larger is not lay:
+                fix += f" (the critic's state is the larger: TP {larger.tp} x PP {larger.pp})"
         else:
             fix = "train on more dies, or with model_engine=megatron (TP/PP/EP shard the model further)"
         if not est.sharded_optimizer:
             fix += f", and turn the distributed optimizer on ({lay.section}.use_distributed_optimizer=True)"
-        if est.train_total + est.graph > hbm:
+        if offload_keys:  # the other model's state left beside the update
+            fix += ", or " + ", ".join(f"set {k}=True" for k in offload_keys)
+        if peak + est.graph > hbm:
             report.error(
                 "memory (training)",
-                f"{train}: {(est.train_total + est.graph) / hbm:.1f}x the {HBM}, the update cannot fit",
+                f"{train}: {(peak + est.graph) / hbm:.1f}x the {HBM}, the update cannot fit",
                 fix,
             )
         else:
@@ -592,15 +685,19 @@ def check_memory(
     util = float(sel(cfg, f"{R}.gpu_memory_utilization", 0.5))
     key = f"{R}.gpu_memory_utilization"
     if separate_pools:
-        est = dataclasses.replace(est, graph=report_graph, resident_in_rollout=0.0, resident_keys=())
-    if est.resident_in_rollout + util * hbm + est.graph > hbm:
-        room = max(int((hbm - est.resident_in_rollout - est.graph) / hbm * 100) / 100, 0)
-        fixes = [f"set {k}=True" for k in est.resident_keys]
+        est = dataclasses.replace(est, graph=report_graph, resident_in_rollout=0.0, resident_keys=(), critic=None)
+    resident = est.resident_in_rollout + est.critic_resident
+    if resident + util * hbm + est.graph > hbm:
+        room = max(int((hbm - resident - est.graph) / hbm * 100) / 100, 0)
+        fixes = [f"set {k}=True" for k in est.resident_keys_all]
         fixes.append(f"lower {key} to {room:g}" if room > 0 else "shard the training state over more dies")
+        whose = (
+            f" (actor {est.resident_in_rollout:.1f} + critic {est.critic_resident:.1f})" if est.critic_resident else ""
+        )
         report.error(
             key,
-            f"vLLM asks for {util} x {HBM} = {util * hbm:.1f} GiB while {est.resident_in_rollout:.1f} GiB of "
-            "training state stays on the die (not offloaded)"
+            f"vLLM asks for {util} x {HBM} = {util * hbm:.1f} GiB while {resident:.1f} GiB of "
+            f"training state{whose} stays on the die (not offloaded)"
             + (f" and its ACL graph pool needs ~{est.graph:.2f} GiB beside it" if est.graph else "")
             + ": vLLM refuses to start when less HBM is free than gpu_memory_utilization asks for",
             ", or ".join(fixes),
