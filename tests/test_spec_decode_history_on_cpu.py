@@ -324,6 +324,77 @@ def test_idle_groups_are_evicted_within_the_budget_running_ones_never():
     assert not private.groups and private.nbytes == 0
 
 
+class _CountingGroups(dict):
+    """``SamDrafter.groups`` that counts the walks over it (items/values/keys/iteration)."""
+
+    walks = 0
+
+    def _walk(self, it):
+        _CountingGroups.walks += 1
+        return it
+
+    def items(self):
+        return self._walk(super().items())
+
+    def values(self):
+        return self._walk(super().values())
+
+    def keys(self):
+        return self._walk(super().keys())
+
+    def __iter__(self):
+        return self._walk(super().__iter__())
+
+    def move_to_end(self, key):  # the OrderedDict call SamDrafter.start makes
+        self[key] = self.pop(key)
+
+
+def _cost_of_a_round(cached: int, full: bool, history: bool, monkeypatch) -> tuple[int, int]:
+    """(group size reads, walks over the groups) of 50 requests started, drafted and finished on new
+    prompts, with ``cached`` idle groups already in the drafter; ``full``: the budget is exactly what is
+    cached, so every new group evicts an old one."""
+    from npu_rl.spec_decode import corpus
+
+    reads = [0]
+    size = corpus._Group.nbytes.fget
+    monkeypatch.setattr(corpus._Group, "nbytes", property(lambda g: (reads.__setitem__(0, reads[0] + 1), size(g))[1]))
+    rng = np.random.default_rng(0)
+    d = SamDrafter(k=3, group_budget_bytes=1 << 40, history=LocalHistory(HistoryStore(1 << 30)) if history else None)
+    d.groups = _CountingGroups(d.groups)
+    prompts = rng.integers(0, 1000, (cached + 50, 12), dtype=np.int32)
+    for i, p in enumerate(prompts[:cached]):
+        d.start(f"old{i}", p)
+        d.step(f"old{i}", rng.integers(0, 1000, 8, dtype=np.int32))
+        d.finish(f"old{i}")
+    d.tick()
+    d.wait_history()
+    d.tick()
+    if full:
+        d.budget_bytes = d._counted
+    assert len(d.groups) == cached
+    reads[0] = _CountingGroups.walks = 0
+    for i, p in enumerate(prompts[cached:]):
+        d.start(f"new{i}", p)
+        d.step(f"new{i}", rng.integers(0, 1000, 8, dtype=np.int32))
+        d.finish(f"new{i}")
+        d.tick()
+    assert d.evictions >= 50 if full else d.evictions == 0
+    return reads[0], _CountingGroups.walks
+
+
+@pytest.mark.parametrize("history", [False, True], ids=["corpus", "corpus+history"])
+@pytest.mark.parametrize("full", [False, True], ids=["room", "full"])
+def test_the_drafters_cost_per_request_does_not_grow_with_the_groups_cached(full, history, monkeypatch):
+    """Issue 39: start, drop and tick each summed every cached group's bytes (and a full cache walked
+    them all to evict), so each call was linear in the number of prompts cached: 7.7-8.3x SAM's cost at
+    1,319 prompts per engine. Counted, not timed: the group size reads and the walks over the groups of
+    one round of 50 requests are the same with 40 and with 2,000 groups cached."""
+    small = _cost_of_a_round(40, full, history, monkeypatch)
+    large = _cost_of_a_round(2000, full, history, monkeypatch)
+    assert large == small, f"40 groups cached: {small}; 2,000: {large} (size reads, walks)"
+    assert small[1] == 0 and small[0] <= 50 * 3  # a few reads per request, no walk
+
+
 def test_new_keys_are_validated():
     s = resolve(3, None, 64, None, True, 128, env={})
     assert s.adaptive_k and s.history_bytes == 128 << 20

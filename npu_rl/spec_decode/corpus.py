@@ -297,6 +297,7 @@ class _Group:
     prompt_len: int = 0  # tokens prompt_key hashed (0: a caller's key, never matched as a prefix)
     own: set = field(default_factory=set)  # digests of the outputs finished in gsam (not history again)
     streams: dict = field(default_factory=dict)  # req_id -> ctl of its running requests
+    counted: int = 0  # its nbytes as of its last start, drop or attached history (SamDrafter._recount)
 
     @property
     def nbytes(self) -> int:
@@ -378,6 +379,11 @@ class SamDrafter:
         self.history_s_per_step = history_ms_per_step / 1e3
         self.reserve_tokens = int(reserve_tokens)
         self.groups: OrderedDict[object, _Group] = OrderedDict()
+        # Memory accounting in O(1) per call, whatever the number of cached groups (issue 39): the sum
+        # of every group's ``counted`` bytes, and the groups without running requests in the order they
+        # went idle (least recently used first), the only ones eviction may take.
+        self._counted = 0
+        self._idle: OrderedDict[object, _Group] = OrderedDict()
         self.requests: dict[str, _Req] = {}
         self._out = np.empty(self.k, np.int32)
         self._to_fetch: list[tuple[object, _Group]] = []  # new groups: history looked up at the next tick
@@ -422,6 +428,8 @@ class SamDrafter:
             group.waiting = True
             self._to_fetch.append((key, group))
         self.groups.move_to_end(key)
+        if group.live == 0:
+            self._idle.pop(key, None)
         group.live += 1
         st = new_stream(self.k, self.min_match, self.adaptive_k, num_prompt, self.occurrence)
         self.requests[req_id] = _Req(st, group, key)
@@ -429,6 +437,7 @@ class SamDrafter:
         group.gsam.append(st, ids)
         if group.hist is not None:
             attach_history(st, _NO_TOKENS, group.hist.arena, group.hist.meta, group.hist_id)
+        self._recount(group)
         self._evict()
 
     def _resumed_key(self, ids: np.ndarray, num_prompt: int) -> tuple[bytes, int] | None:
@@ -474,12 +483,17 @@ class SamDrafter:
         req = self.requests.pop(req_id, None)
         if req is None:
             return
-        req.group.live -= 1
-        req.group.streams.pop(req_id, None)
+        group = req.group
+        group.live -= 1
+        group.streams.pop(req_id, None)
         if self.budget_bytes == 0:
             self.groups.pop(req.key, None)
-        else:
-            self._evict()
+            self._counted -= group.counted
+            return
+        self._recount(group)  # its output is in the group automaton now
+        if group.live == 0:
+            self._idle[req.key] = group
+        self._evict()
 
     def __contains__(self, req_id: str) -> bool:
         return req_id in self.requests
@@ -580,6 +594,7 @@ class SamDrafter:
                     recent = group.gsam.output(st)[-HISTORY_RESYNC:]
                     attach_history(st, recent, hist.arena, hist.meta, group.hist_id)
                 attached += len(hist)
+                self._recount(group)
             self._builds = still
             self._evict()
         self.history_tokens_built += attached
@@ -606,23 +621,29 @@ class SamDrafter:
         }
 
     # ---- memory ------------------------------------------------------------------------------
+    def _recount(self, group: _Group) -> None:
+        """Bring ``group``'s share of the accounted bytes up to date (O(1)). Called where a group's size
+        settles: a request starts in it, a request leaves it, a history automaton is attached. Between
+        those, running requests grow their group by their new tokens, which the next of these counts."""
+        n = group.nbytes
+        self._counted += n - group.counted
+        group.counted = n
+
     def _evict(self) -> None:
+        """Evict idle groups, least recently used first, until the accounted bytes fit the budget;
+        amortised O(1) per call (each group is evicted once), independent of the groups cached."""
         if self.budget_bytes == 0:
             return
-        total = self.nbytes
-        if total <= self.budget_bytes:
-            return
-        for key in [k for k, g in self.groups.items() if g.live == 0]:
-            group = self.groups.pop(key)
+        while self._counted > self.budget_bytes and self._idle:
+            key, group = self._idle.popitem(last=False)
+            del self.groups[key]
             group.waiting, group.evicted = False, True  # no history work for an evicted group
             if group.prompt_len:
                 self._prompt_lens[group.prompt_len] -= 1
                 if not self._prompt_lens[group.prompt_len]:
                     del self._prompt_lens[group.prompt_len]
-            total -= group.nbytes
+            self._counted -= group.counted
             self.evictions += 1
-            if total <= self.budget_bytes:
-                break
 
     @property
     def request_bytes(self) -> int:
