@@ -55,7 +55,8 @@ from npu_rl.sim.async_pipeline import (  # noqa: E402
     simulate_one_step_off,
     simulate_sync,
 )
-from npu_rl.sim.workloads import lengths_from_survival, load_workload  # noqa: E402
+from npu_rl.sim.model import SimError  # noqa: E402
+from npu_rl.sim.workloads import lengths_from_survival, load_lengths_file, load_workload  # noqa: E402
 
 MAX_RESPONSE = 32768
 N = 16
@@ -132,10 +133,11 @@ def setting_235b(quick: bool) -> Setting:
     )
 
 
-def make_source(kind: str, seed: int, data_dir: Path | None) -> tuple[SampleSource, str]:
-    """Sample k -> (prompt tokens, 16 response lengths), the same for every schedule (seeded by k)."""
-    if kind == "skyt1":
-        w = load_workload("skyt1")
+def make_source(kind: str, seed: int, data_dir: Path | None, lengths: Path | None = None) -> tuple[SampleSource, str]:
+    """Sample k -> (prompt tokens, 16 response lengths), the same for every schedule (seeded by k).
+    ``kind`` "file": the user's ``lengths`` (:func:`npu_rl.sim.workloads.load_lengths_file`), sampled as skyt1."""
+    if kind in ("skyt1", "file"):
+        w = load_workload("skyt1") if kind == "skyt1" else load_lengths_file(lengths)
 
         def src(k: int):
             rng = np.random.default_rng([seed, k])
@@ -143,7 +145,8 @@ def make_source(kind: str, seed: int, data_dir: Path | None) -> tuple[SampleSour
             lens = np.minimum(rng.choice(w.responses[pid], size=N, replace=True), MAX_RESPONSE)
             return int(w.prompt_tokens[pid]), [int(x) for x in lens]
 
-        return src, f"skyt1 (real lengths, {w.n_prompts} AIME24 prompts, mean {w.all_lengths().mean():.0f})"
+        what = "AIME24 prompts" if kind == "skyt1" else f"prompts of {lengths}"
+        return src, f"{w.name} (real lengths, {w.n_prompts} {what}, mean {w.all_lengths().mean():.0f})"
     if kind == "curve":
         path = (data_dir or Path()) / CURVE
         rows = [r for r in csv.DictReader(x for x in path.read_text().splitlines() if not x.startswith("#"))]
@@ -419,6 +422,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="one split, 32B only, 2 weight versions (for tests)")
     ap.add_argument("--settings", default=None, help="comma list of 32b, 235b (default: both; --quick: 32b)")
     ap.add_argument("--workloads", default=None, help="comma list of skyt1, curve (default: both; --quick: skyt1)")
+    ap.add_argument(
+        "--lengths",
+        type=Path,
+        default=None,
+        help="your response lengths instead of --workloads (JSONL or a length table; docs/sim.md)",
+    )
     ap.add_argument("--versions", type=int, default=0, help="measured weight versions (after one warm-up)")
     ap.add_argument("--staleness", default=None, help="comma list (default 0,0.5; --quick 0.5)")
     ap.add_argument("--trainer-factor", type=float, default=1.0, help="trainer time x this (sensitivity)")
@@ -439,6 +448,12 @@ def main(argv: list[str] | None = None) -> int:
     quick = args.quick
     settings = (args.settings or ("32b" if quick else "32b,235b")).split(",")
     workloads = (args.workloads or ("skyt1" if quick else "skyt1,curve")).split(",")
+    if args.lengths is not None:
+        try:
+            load_lengths_file(args.lengths)  # its errors before anything runs
+        except SimError as e:
+            ap.error(str(e))
+        workloads = ["file"]
     staleness = [float(x) for x in (args.staleness or ("0.5" if quick else "0,0.5")).split(",")]
     versions = args.versions or (2 if quick else 3)
     out_json = args.out_json or (None if quick else REPO / "docs" / "async_sim.json")
@@ -450,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         if wl == "curve" and not (args.data_dir / CURVE).is_file():
             print(f"SKIPPED workload curve: {args.data_dir / CURVE} not found (pass --data-dir)")
             continue
-        src, desc = make_source(wl, args.seed, args.data_dir)
+        src, desc = make_source(wl, args.seed, args.data_dir, args.lengths)
         for name in settings:
             st = {"32b": setting_32b, "235b": setting_235b}[name](quick)
             sync_steps = 2 if quick else (4 if name == "32b" else 3)

@@ -44,10 +44,11 @@ sys.path.insert(0, str(REPO))
 
 from npu_rl.rebalance.simroute import DispatcherRouting, Migration  # noqa: E402
 from npu_rl.sim import CostModel, ReplicaConfig, lower_bound, simulate  # noqa: E402
+from npu_rl.sim.model import SimError  # noqa: E402
 from npu_rl.sim.plot import plot_timelines  # noqa: E402
 from npu_rl.sim.routing import PullRouting, VerlDefaultRouting  # noqa: E402
 from npu_rl.sim.sweep import sweep  # noqa: E402
-from npu_rl.sim.workloads import load_workload, sample_step  # noqa: E402
+from npu_rl.sim.workloads import load_lengths_file, load_workload, sample_step  # noqa: E402
 
 MAX_RESPONSE = 32768
 
@@ -275,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
         default="skyt1_long,skyt1",
         help="comma list of npu_rl.sim.workloads datasets (default skyt1_long,skyt1)",
     )
+    ap.add_argument(
+        "--lengths",
+        type=Path,
+        default=None,
+        help="your response lengths instead of --workloads (JSONL or a length table; docs/sim.md)",
+    )
     ap.add_argument("--steps", type=int, default=0, help="generation steps per routing (default: 16 at 32B, 8 at 235B)")
     ap.add_argument("--sweep-steps", type=int, default=1, help="steps per sweep cost model (default 1; 0: none)")
     ap.add_argument("--seed", type=int, default=0)
@@ -286,8 +293,15 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"unknown setting(s) {bad}: choose from {sorted(SETTINGS)}")
     t_start = time.time()
-    for wi, wname in enumerate(w.strip() for w in args.workloads.split(",") if w.strip()):
-        workload = load_workload(wname)
+    if args.lengths is not None:
+        try:
+            workloads = [load_lengths_file(args.lengths)]
+        except SimError as e:
+            ap.error(str(e))
+    else:
+        workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    for wi, wname in enumerate(workloads):
+        workload = wname if args.lengths is not None else load_workload(wname)
         lengths = workload.all_lengths()
         print(
             f"\n# workload {workload.name}: {workload.n_prompts} prompts, {len(lengths)} responses, mean "

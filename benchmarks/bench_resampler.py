@@ -47,9 +47,10 @@ from npu_rl.sampler import LengthAwareEpochSampler  # noqa: E402
 from npu_rl.sampler.core import OrderParams, epoch_order  # noqa: E402
 from npu_rl.sampler.guard import GuardParams, stragglers_to_abort  # noqa: E402
 from npu_rl.sim import CostModel, ReplicaConfig, SimRequest, simulate  # noqa: E402
+from npu_rl.sim.model import SimError  # noqa: E402
 from npu_rl.sim.routing import VerlDefaultRouting  # noqa: E402
 from npu_rl.sim.sweep import sweep  # noqa: E402
-from npu_rl.sim.workloads import Workload, load_workload  # noqa: E402
+from npu_rl.sim.workloads import Workload, load_lengths_file, load_workload  # noqa: E402
 from npu_rl.table import format_table  # noqa: E402
 
 # Corners and middle of REFERENCE §7's uncertainty (t0 +-50%, t1 up to 6x, t2 x0.4-1.6): 18 cost models.
@@ -206,6 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=8, help="generation batches per epoch after scaling the data")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workloads", default="qwen25math_maj8,skyt1,mix")
+    ap.add_argument(
+        "--lengths",
+        type=Path,
+        default=None,
+        help="your response lengths instead of --workloads (JSONL or a length table; docs/sim.md)",
+    )
     ap.add_argument("--recipes", default="32B,235B", help=f"comma list of {', '.join(RECIPES)} (any case)")
     ap.add_argument("--bucket-size", type=int, default=1024)
     ap.add_argument("--sweep", action="store_true", help="32B comparison over the cost model's uncertainty corners")
@@ -222,8 +229,15 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.time()
     rng = np.random.default_rng(args.seed)
     rows_out, plot_data = [], {}
+    pick = get_workload
+    if args.lengths is not None:
+        try:
+            user = load_lengths_file(args.lengths)
+        except SimError as e:
+            ap.error(str(e))
+        args.workloads, pick = user.name, lambda _name: user
     for wname, rname in itertools.product(args.workloads.split(","), args.recipes.split(",")):
-        w, recipe = get_workload(wname), RECIPES[rname]
+        w, recipe = pick(wname), RECIPES[rname]
         rows_pid = pool(w, recipe, args.steps)
         lengths = draw_lengths(w, rows_pid, recipe.n, args.epochs, recipe.max_response, rng)
         res = {
@@ -289,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n32B sensitivity of the length-aware reduction vs random over the cost model (npu_rl.sim.sweep):")
         recipe = RECIPES["32B"]
         for wname in args.workloads.split(","):
-            w = get_workload(wname)
+            w = pick(wname)
             rows_pid = pool(w, recipe, args.steps)
             lengths = draw_lengths(w, rows_pid, recipe.n, args.epochs, recipe.max_response, rng)
 

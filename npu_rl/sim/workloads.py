@@ -127,6 +127,67 @@ def load_workload(name: str, table: str | Path | None = None) -> Workload:
     return _from_record(name, datasets[name], str(path))
 
 
+def load_lengths_file(path: str | Path) -> Workload:
+    """A user's response lengths for the simulators and benchmarks (``--lengths FILE``).
+
+    ``FILE`` is either a length table of :data:`TABLE`'s format (``.json`` with ``datasets``: its only
+    dataset, or ``FILE.json:NAME`` for one of several), or JSONL, one prompt per line::
+
+        {"response_tokens": [812, 1430, 95], "prompt_tokens": 120, "capped": [false, true, false], "id": "q17"}
+
+    ``response_tokens`` (token counts of that prompt's sampled responses, each >= 1) is required;
+    ``prompt_tokens`` (default 0), ``capped`` (default: none hit the cap) and ``id`` (default: the line
+    number) are optional. The workload is named after the file. docs/sim.md, "Your own lengths".
+
+    Raises:
+        SimError: the file is missing or empty, or a line is not a JSON object with valid
+            ``response_tokens`` (named by file and line).
+    """
+    text = str(path)
+    name = None
+    if ":" in Path(text).name and not Path(text).is_file():
+        text, name = text.rsplit(":", 1)
+    p = Path(text)
+    if not p.is_file():
+        raise SimError(f"--lengths {path}: no such file (a length table .json, or JSONL: docs/sim.md)")
+    if p.suffix == ".json":
+        try:
+            datasets = sorted(json.loads(p.read_text())["datasets"])
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise SimError(f"{p}: not a length table ({e!r}); give JSONL with response_tokens per line") from e
+        if name is None:
+            if len(datasets) != 1:
+                raise SimError(f"{p} holds {len(datasets)} datasets: pass {p}:NAME with NAME one of {datasets}")
+            name = datasets[0]
+        return load_workload(name, p)
+    names, ptok, resp, capped = [], [], [], []
+    for i, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{p}:{i}"
+        try:
+            row = json.loads(line)
+            r = np.array(row["response_tokens"], dtype=np.int64).reshape(-1)
+            c = np.array(row.get("capped", [False] * len(r)), dtype=bool).reshape(-1)
+            pt = int(row.get("prompt_tokens", 0))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
+            raise SimError(f'{where}: need a JSON object with "response_tokens": [token counts, ...] ({e!r})') from e
+        if len(r) == 0 or (r < 1).any() or len(c) != len(r) or pt < 0:
+            raise SimError(
+                f"{where}: response_tokens must be token counts >= 1 (and capped one flag per response, "
+                "prompt_tokens >= 0)"
+            )
+        names.append(str(row.get("id", i)))
+        ptok.append(pt)
+        resp.append(r)
+        capped.append(c)
+    if not names:
+        raise SimError(f"{p}: no prompts in it")
+    return Workload(
+        p.stem, tuple(names), np.array(ptok, dtype=np.int64), tuple(resp), tuple(capped), None, {"source": str(p)}
+    )
+
+
 def sample_step(
     workload: Workload,
     prompt_ids: Sequence[int],
