@@ -419,7 +419,7 @@ def drafters(
     return out
 
 
-def run_one(name, build, rounds, k, engines, gate, max_num_seqs=1 << 30, by_prompt=False) -> dict:
+def run_one(name, build, rounds, k, engines, gate, max_num_seqs=1 << 30, by_prompt=False, rotate=False) -> dict:
     make, end_round = build()
     made = []
 
@@ -439,6 +439,7 @@ def run_one(name, build, rounds, k, engines, gate, max_num_seqs=1 << 30, by_prom
         end_round,
         nbytes=lambda a: getattr(a, "nbytes", 0),
         by_prompt=by_prompt,
+        rotate=rotate,
     )
     row = {"drafter": name, "k": k, **st.uncapped.row()}
     row["all"] = st.all.row()
@@ -536,10 +537,11 @@ def main(argv=None) -> int:
     ap.add_argument("--engines", type=int, default=2, help="rollout engines (replicas) per data set")
     ap.add_argument(
         "--routing",
-        choices=["spread", "prompt"],
+        choices=["spread", "prompt", "group"],
         default="spread",
         help="spread: round-robin per request in batch order (verl's least-in-flight balancer); "
-        "prompt: every request of a prompt on one engine (a prompt-affine router)",
+        "prompt: every request of a prompt on one engine (a prompt-affine router); group: a round's "
+        "siblings on one engine, the next round elsewhere (ROLLOUT_REBALANCE_KEEP_GROUPS=1)",
     )
     ap.add_argument("--gate", type=int, default=32, help="batch-size gate: draft while the running batch <= this")
     ap.add_argument("--budget-mib", type=int, default=256, help="SAM group corpus and history store MiB")
@@ -634,7 +636,16 @@ def main(argv=None) -> int:
                 row = {
                     "data": name,
                     "replay": "concurrent",
-                    **run_one(dname, build, rounds, k, args.engines, args.gate, by_prompt=args.routing == "prompt"),
+                    **run_one(
+                        dname,
+                        build,
+                        rounds,
+                        k,
+                        args.engines,
+                        args.gate,
+                        by_prompt=args.routing != "spread",
+                        rotate=args.routing == "group",
+                    ),
                 }
                 results.append(row)
                 print(f"{name:13s} k={k} {dname:34s} {fmt(row)}", flush=True)

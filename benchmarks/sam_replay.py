@@ -215,13 +215,16 @@ def replay_rounds(
     end_round: Callable[[], None] | None = None,
     nbytes: Callable[[Drafter], int] | None = None,
     by_prompt: bool = False,
+    rotate: bool = False,
 ) -> Stats:
     """Replay ``rounds`` (one list of requests per RL step) on ``engines`` engines; see the module doc.
 
     ``make_drafter(engine_index)`` builds each engine's drafter once; the drafters persist across
     rounds. Within a round, request ``i`` goes to engine ``i % engines`` (round-robin in batch
     order), or with ``by_prompt`` to engine ``group_key % engines`` (a prompt-affine router: every
-    sibling, and the prompt in every round, on one engine). ``end_round`` is called after every
+    sibling, and the prompt in every round, on one engine); with ``rotate`` as well, to engine
+    ``(group_key + round) % engines`` (a group's siblings together, a prompt's rounds on different
+    engines: rollout rebalance's ``ROLLOUT_REBALANCE_KEEP_GROUPS=1``). ``end_round`` is called after every
     round (e.g. to publish a history store); ``nbytes`` reads a drafter's memory, whose maximum at a
     round's end is ``Stats.peak_bytes``.
     Raises ValueError on a non-positive ``engines``, ``k`` or ``max_num_seqs``.
@@ -230,9 +233,10 @@ def replay_rounds(
         raise ValueError(f"engines={engines}, k={k}, max_num_seqs={max_num_seqs}: each must be >= 1")
     drafters = [make_drafter(e) for e in range(engines)]
     stats = Stats()
-    for reqs in rounds:
+    for t, reqs in enumerate(rounds):
+        shift = t if rotate else 0
         for e, d in enumerate(drafters):
-            mine = [r for r in reqs if r.group_key % engines == e] if by_prompt else reqs[e::engines]
+            mine = [r for r in reqs if (r.group_key + shift) % engines == e] if by_prompt else reqs[e::engines]
             run_engine(d, mine, k, gate, max_num_seqs, stats)
         if end_round is not None:
             end_round()

@@ -136,6 +136,16 @@ def test_engines_get_requests_round_robin_and_see_only_their_own():
     made.clear()
     replay_rounds(make, [rs], k=2, engines=2, gate=32, by_prompt=True)
     assert [m.started for m in made] == [["p0", "p2", "p3", "p5"], ["p1", "p4"]]
+    # siblings together, rounds rotated (ROLLOUT_REBALANCE_KEEP_GROUPS=1): round t -> (group_key + t) % engines
+    second = [Request(f"q{i}", i % 3, PROMPT, ANS[:4]) for i in range(6)]
+    made.clear()
+
+    def make_both(e):
+        made.append(Oracle(truths(rs + second)))
+        return made[-1]
+
+    replay_rounds(make_both, [rs, second], k=2, engines=2, gate=32, by_prompt=True, rotate=True)
+    assert [m.started for m in made] == [["p0", "p2", "p3", "p5", "q1", "q4"], ["p1", "p4", "q0", "q2", "q3", "q5"]]
 
 
 def test_gate_drafts_only_at_small_batches_and_defines_the_tail():
