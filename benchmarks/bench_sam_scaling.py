@@ -194,6 +194,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--plot", type=Path, help="write a PNG: us/token and worst engine step against groups cached")
     args = ap.parse_args(argv)
     if args.running < args.n or args.n < 1:
         ap.error(f"--running {args.running} must hold at least one group of --n {args.n}")
@@ -230,7 +231,35 @@ def main(argv=None) -> int:
         )
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
+    if args.plot:
+        plot(out, args.plot)
     return 0
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Two panels against the groups cached (log scale): us per token, and the worst engine step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
+    for v in dict.fromkeys(r["variant"] for r in rows):
+        mine = [r for r in rows if r["variant"] == v]
+        xs = [r["cached"] for r in mine]
+        a.plot(xs, [r["us_per_token"] for r in mine], marker="o", label=v)
+        b.plot(xs, [r["step_ms_worst"] for r in mine], marker="o", label=v)
+    for ax, title in ((a, "drafter CPU per token (us)"), (b, "worst engine step (ms, min over repeats)")):
+        ax.set_xscale("log")
+        ax.set_xlabel("prompts cached on the engine")
+        ax.set_title(title, fontsize=9)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    b.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
+    a.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":
