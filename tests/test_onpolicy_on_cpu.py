@@ -229,7 +229,11 @@ def test_patched_validate_config_refuses_each_invalid_combination(override, text
 
 PREFLIGHT_BASE = [
     o if not o.startswith("trainer.n_gpus_per_node") else "trainer.n_gpus_per_node=4" for o in ON_POLICY
-] + ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.max_model_len=2048"]
+] + [
+    "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.rollout.max_model_len=2048",
+    'trainer.logger=["console"]',
+]
 PREFLIGHT_ENV = {"NNODES": "1", "NPUS_PER_NODE": "4", "NPU_RL_DRY_RUN": "1", "NPU_RL_MODEL_META": "Qwen3-0.6B"}
 
 

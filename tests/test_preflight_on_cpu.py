@@ -45,6 +45,7 @@ BASE = [
     "actor_rollout_ref.rollout.max_model_len=10240",
     "trainer.nnodes=2",
     "trainer.n_gpus_per_node=16",
+    'trainer.logger=["console"]',  # verl's default adds wandb, which this environment lacks (check_trackers)
 ]
 
 
@@ -254,6 +255,9 @@ def test_every_shipped_recipe_passes_its_dry_run(shipped_recipe_plans):
     for recipe, _env, rc, out, facts in shipped_recipe_plans:
         assert rc == 0, f"{recipe}:\n{out}"
         assert "preflight: ok" in out and "plan:" in out and facts["ok"]
+        # issue 37: what protects and shows the run is on the dry run's first screen
+        lines = {line.split()[0] for line in out.split("plan:", 1)[1].splitlines() if line.strip()}
+        assert {"checkpoints", "validation", "trackers"} <= lines, f"{recipe}:\n{out}"
 
 
 @pytest.mark.xdist_group("shipped_recipe_plans")
@@ -827,6 +831,52 @@ def test_a_missing_model_or_data_the_cpu_recipes_make_themselves_is_not_sent_to_
     # outside NPU_RL_TINY_DIR a missing model is still fetched from a hub
     warned = {p.key: p.fix for p in check(env=env).report.warnings}
     assert warned["actor_rollout_ref.model.path"].startswith("python -m npu_rl.models download Qwen/Qwen3-32B")
+
+
+# --- trackers, checkpoints, validation (issue 37) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("tracker", ["wandb", "tensorboard"])
+def test_a_tracker_whose_package_is_missing_is_refused_naming_the_package(tracker):
+    """Found by a user: trainer.logger='["console","wandb"]' passed, and verl would import wandb in fit(),
+    after the 32B model is loaded. This environment has neither wandb nor tensorboard (install_stack.sh
+    leaves them out)."""
+    import importlib.util
+
+    package = {"wandb": "wandb", "tensorboard": "tensorboard"}[tracker]
+    assert importlib.util.find_spec(package) is None  # the premise: this environment lacks it
+    r = check(f'trainer.logger=["console","{tracker}"]')
+    e = errors(r)["trainer.logger"]
+    assert f"needs the Python package '{package}', which this environment lacks" in e.message and tracker in e.message
+    assert f"pip install {package}" in e.fix and '"console","file"' in e.fix
+    assert dict(r.plan)["trackers"] == f"console, {tracker} (package missing)"
+
+
+def test_verls_default_tracker_list_is_named_as_the_default_and_unknown_names_are_refused():
+    r = check(base=[o for o in BASE if not o.startswith("trainer.logger")])  # verl's ["console", "wandb"]
+    assert "'wandb' (verl's default trainer.logger has it) needs" in errors(r)["trainer.logger"].message
+    r = check('trainer.logger=["console","wandbb"]')
+    assert errors(r)["trainer.logger"].message.startswith("'wandbb' is not a tracker verl knows (wandb, mlflow")
+    r = check('trainer.logger=["console","file"]')
+    assert r.ok, r.render()
+    assert dict(r.plan)["trackers"] == "console, file"
+
+
+def test_the_plan_shows_checkpoints_and_validation():
+    plan = dict(check().plan)  # the base: verl's save_freq -1, test_freq -1, val_before_train True
+    assert plan["checkpoints"] == "never (trainer.save_freq <= 0): a failure loses the run"
+    assert plan["validation"] == "before training only"
+    plan = dict(
+        check(
+            "trainer.save_freq=50",
+            "trainer.max_actor_ckpt_to_keep=3",
+            "trainer.default_local_dir=/ckpt/run1",
+            "trainer.test_freq=10",
+            "trainer.val_before_train=False",
+        ).plan
+    )
+    assert plan["checkpoints"] == "every 50 step(s) to /ckpt/run1, keeping the last 3; resume_mode auto"
+    assert plan["validation"] == "every 10 step(s)"
 
 
 # --- the critic (issue 38): the actor's treatment for its model folder, and a plan line -----------------

@@ -143,6 +143,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     checks.check_reward_and_dapo(cfg, report)
     overlong = checks.check_overlong(cfg, report, cli.trainer)
     checks.check_poll_interval(cfg, report, cli.trainer)
+    trackers = checks.check_trackers(cfg, report)
     checks.check_algorithm(cfg, report)
     memo = _open_memo(cfg, cli.injected, env, config_json, report)
     with memo.stage("verl validate_config", report) as run:
@@ -206,6 +207,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         plan.append(("overlong shaping", overlong))
     if critic:
         plan.append(("critic", critic))
+    plan += [*checks.lifecycle_plan(cfg), ("trackers", trackers)]
     if model is None:
         return plan
     lengths = checks.check_lengths(cfg, model, report)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -825,6 +826,75 @@ def check_poll_interval(cfg, report: Report, trainer: str = "sync") -> None:
         seconds = None
     if seconds is None or isinstance(value, bool) or not seconds > 0:
         report.error(key, f"must be a number of seconds above 0, got {value!r}", f"write {key}=0.2 (verl's own: 2.0)")
+
+
+# The package each of verl's tracker backends imports when the trainer builds it (verl 0.9.1
+# verl/utils/tracking.py, Tracking.__init__ and its adapters); verl itself judges the names
+# (Tracking.supported_backend). console and file need nothing beyond verl.
+TRACKER_PACKAGES = {
+    "wandb": "wandb",
+    "tracking": "wandb",  # verl's deprecated alias of wandb
+    "mlflow": "mlflow",
+    "swanlab": "swanlab",
+    "vemlp_wandb": "volcengine_ml_platform",
+    "tensorboard": "tensorboard",  # torch.utils.tensorboard.SummaryWriter (_TensorboardAdapter)
+    "clearml": "clearml",
+    "trackio": "trackio",
+    "rl_insight": "rl_insight",
+}
+
+
+def check_trackers(cfg, report: Report) -> str:
+    """``trainer.logger``: every backend is one verl's ``Tracking`` knows, and its package is importable
+    in this environment (the preflight runs in the job's Python): verl imports it in ``fit()``, after
+    the workers have placed and loaded the model, and a missing one stops the run there. Returns the
+    plan line."""
+    from verl.utils.tracking import Tracking
+
+    key = "trainer.logger"
+    value = sel(cfg, key, "console")
+    backends = [value] if isinstance(value, str) else [str(b) for b in (plain(value) or [])]
+    known = [*Tracking.supported_backend, "tracking"]
+    missing = []
+    for b in backends:
+        if b not in known:
+            report.error(key, f"{b!r} is not a tracker verl knows ({', '.join(Tracking.supported_backend)})")
+        elif TRACKER_PACKAGES.get(b) and importlib.util.find_spec(TRACKER_PACKAGES[b]) is None:
+            missing.append(b)
+            default = " (verl's default trainer.logger has it)" if plain(value) == plain(verl_default(key)) else ""
+            report.error(
+                key,
+                f"{b!r}{default} needs the Python package {TRACKER_PACKAGES[b]!r}, which this environment lacks: "
+                "verl imports it when training starts, after the model is loaded, and the run stops there",
+                f"pip install {TRACKER_PACKAGES[b]} into the job's environment, or log to a tracker that needs "
+                'no package and no account: trainer.logger=\'["console","file"]\' (verl\'s JSONL file, '
+                "VERL_FILE_LOGGER_PATH)",
+            )
+    if not backends:
+        return "none (trainer.logger is empty: no step metrics are kept)"
+    return ", ".join(b + (" (package missing)" if b in missing else "") for b in backends)
+
+
+def lifecycle_plan(cfg) -> list[tuple[str, str]]:
+    """Plan lines of what protects and shows the run: checkpoints (frequency, folder, retention, resume)
+    and validation (frequency, before training)."""
+    save = int(sel(cfg, "trainer.save_freq", -1) or -1)
+    if save > 0:
+        keep = sel(cfg, "trainer.max_actor_ckpt_to_keep", None)
+        ckpt = (
+            f"every {save} step(s) to {sel(cfg, 'trainer.default_local_dir', '?')}, keeping "
+            + (f"the last {keep}" if keep else "all (trainer.max_actor_ckpt_to_keep unset)")
+            + f"; resume_mode {sel(cfg, 'trainer.resume_mode', 'auto')}"
+        )
+    else:
+        ckpt = "never (trainer.save_freq <= 0): a failure loses the run"
+    test = int(sel(cfg, "trainer.test_freq", -1) or -1)
+    before = bool(sel(cfg, "trainer.val_before_train", True))
+    if test > 0:
+        val = f"every {test} step(s)" + (", and before training" if before else "")
+    else:
+        val = "before training only" if before else "never (trainer.test_freq <= 0)"
+    return [("checkpoints", ckpt), ("validation", val)]
 
 
 def check_overlong(cfg, report: Report, trainer: str = "sync") -> str | None:

@@ -24,5 +24,6 @@ ARGS=(
     actor_rollout_ref.rollout.max_model_len=10240
     trainer.nnodes="${NNODES:-2}"
     trainer.n_gpus_per_node="${NPUS_PER_NODE:-16}"
+    'trainer.logger=["console"]'
 )
 run_verl "${ARGS[@]}" "$@"
