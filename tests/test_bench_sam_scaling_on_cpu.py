@@ -4,9 +4,8 @@ user-data contract of its --data option."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,9 +23,12 @@ HEAD20 = REPO / "tests" / "data" / "gsm8k_train_head20.jsonl"
 def test_each_variant_is_measured_at_each_scale_on_the_users_file(tmp_path):
     out = tmp_path / "out.json"
     args = ["--data", str(HEAD20), "--scales", "5", "50", "--running", "16", "--n", "4", "--repeats", "1"]
-    printed = io.StringIO()  # not capsys: see tests/test_bench_user_lengths_on_cpu.py, run()
-    with contextlib.redirect_stdout(printed):
-        assert bench_sam_scaling.main([*args, "--json", str(out)]) == 0
+    # in its own process, as a user runs it (see tests/test_bench_user_lengths_on_cpu.py, run())
+    script = REPO / "benchmarks" / "bench_sam_scaling.py"
+    r = subprocess.run(
+        [sys.executable, str(script), *args, "--json", str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr
     rows = json.loads(out.read_text())
     assert [(r["cached"], r["variant"]) for r in rows] == [
         (g, v) for g in (5, 50) for v in ("sam", "corpus", "corpus+history")
@@ -37,7 +39,7 @@ def test_each_variant_is_measured_at_each_scale_on_the_users_file(tmp_path):
     assert all(r["groups"] == 0 for r in rows if r["variant"] == "sam")
     answers = [json.loads(x)["answer"] for x in HEAD20.read_text().splitlines()]
     assert all(r["tokens"] > 16 * min(len(a.split()) for a in answers) // 2 for r in rows)
-    assert "| 50 | corpus+history |" in printed.getvalue()
+    assert "| 50 | corpus+history |" in r.stdout
 
 
 def test_a_row_without_a_response_is_named_by_line(tmp_path):
