@@ -9,13 +9,15 @@ What "active" rests on differs by where the feature runs:
   rollout rebalance (the dispatcher reported this step's ``rollout_rebalance/*`` metrics); 0.0 when
   the switch is on and that evidence is missing;
 - **reported by the feature itself** through verl's own metric paths, not duplicated here: the
-  all-to-all-v reshard (``npu_rl/reshard/active`` from the weight sync) and the long-tail guard
-  (``npu_rl/long_tail_guard/*`` from the rollout servers);
+  all-to-all-v reshard (``npu_rl/reshard/active`` from the weight sync), the long-tail guard
+  (``npu_rl/long_tail_guard/*`` from the rollout servers) and, on the V1 trainer, SAM
+  (``npu_rl/sam/*`` from each response's draft counts, :mod:`npu_rl.spec_decode.metrics`);
 - **switched on and accepted**: features that run where the driver cannot look (vLLM engine cores:
-  SAM, the engine GC guard; Megatron workers: random init; the trainer's own branch: skip
-  old-log-prob). Every such switch is refused loudly when it cannot take effect (the preflight, the
-  patched ``validate_config``, vLLM's ``SpeculativeConfig``), so reaching a step means it runs; the
-  engine's own evidence is in the log (``engine GC guard on``, SAM's proposer).
+  the engine GC guard, and SAM on trainers without the V1 step path; Megatron workers: random init;
+  the trainer's own branch: skip old-log-prob). Every such switch is refused loudly when it cannot
+  take effect (the preflight, the patched ``validate_config``, vLLM's ``SpeculativeConfig``), so
+  reaching a step means it runs; the engine's own evidence is in the log (``engine GC guard on``,
+  SAM's proposer).
 
 Features are read with :func:`npu_rl.settings.check`, the same judgement the preflight makes.
 """
@@ -69,11 +71,12 @@ def active_metrics(
     ``select`` reads the run's config by dotted key, ``metrics`` are the step's metrics so far (the
     rebalance dispatcher's among them), ``sampler`` the train dataloader's sampler (None if unknown:
     then the one this process built, :func:`npu_rl.sampler.active_sampler`).
-    Returns ``{metric name: 1.0 or 0.0}`` for every switched-on feature not in :data:`SELF_REPORTED`.
+    Returns ``{metric name: 1.0 or 0.0}`` for every switched-on feature not in :data:`SELF_REPORTED`
+    whose ``active`` metric is not in ``metrics`` already.
     """
     out: dict[str, float] = {}
     for name in switched_on(select, env):
-        if name in SELF_REPORTED:
+        if name in SELF_REPORTED or metric(name) in metrics:  # the feature's own path reported it
             continue
         if name == "length-aware resampler":
             active = _resampler_active(sampler)
@@ -100,3 +103,18 @@ def trainer_metrics(trainer: Any, metrics: Mapping[str, Any]) -> dict[str, float
     loader = getattr(trainer, "train_dataloader", None)
     sampler = getattr(loader, "sampler", None) if loader is not None else None
     return active_metrics(lambda key: OmegaConf.select(config, key), metrics, sampler=sampler)
+
+
+def step_extra_fields(batch: Any, kv_batch_get: Callable[..., Any]) -> list[Any]:
+    """The ``extra_fields`` of a V1 trainer step's real responses (padding rows dropped), in batch order.
+
+    ``batch``: verl's ``KVBatchMeta`` of the step (``keys``, ``partition_id``, ``tags`` with
+    ``is_padding``); ``kv_batch_get``: TransferQueue's ``kv_batch_get`` (verl's trainer reads its own
+    speculative-decoding counts the same way). The features whose verdicts ride in a response's
+    ``extra_fields`` (the long-tail guard, SAM's counts) read them here.
+    """
+    data = kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+    fields = data["extra_fields"]
+    fields = fields.tolist() if hasattr(fields, "tolist") else list(fields)
+    real = [not tag.get("is_padding", False) for tag in batch.tags]
+    return [e for e, keep in zip(fields, real, strict=True) if keep]

@@ -297,7 +297,9 @@ FEATURES: tuple[Feature, ...] = (
         prefixes=("VLLM_SPECULATIVE_",),
         patches=(
             "vllm/0002-vllm-feature-sam-speculative-method.patch",
+            "vllm/0005-vllm-feature-spec-decode-request-counts.patch",
             "vllm-ascend/0001-vllm-ascend-feature-sam-speculative-method.patch",
+            "verl/0012-verl-feature-sam-acceptance-metrics.patch",
         ),
     ),
     Feature(

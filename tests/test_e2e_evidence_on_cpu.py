@@ -257,6 +257,40 @@ def test_long_tail_guard_metrics_that_show_no_work_fail(tmp_path, capsys, lines,
     assert "MISSING long-tail guard: npu_rl/long_tail_guard/active" in capsys.readouterr().out
 
 
+# verl's config dump, as the run's log prints it with SAM switched on
+SAM_CONFIG = "(TaskRunnerV1 pid=1) {'engine_kwargs': {'vllm': {'speculative_config': {'method': 'sam'}}}}"
+
+
+def _sam_step(n: int, drafted: float, accepted: float, responses: float = 64.0, active: float = 1.0) -> str:
+    s = "npu_rl/sam/"
+    acceptance = accepted / drafted if drafted else 0.0
+    return _step(
+        n, **{s + "active": active, s + "responses": responses, s + "drafted": drafted, s + "acceptance": acceptance}
+    )
+
+
+def test_sam_metrics_are_the_evidence(tmp_path, capsys):
+    steps = [_sam_step(1, 0.0, 0.0), _sam_step(2, 40.0, 10.0), _sam_step(3, 50.0, 45.0), _sam_step(4, 20.0, 19.0)]
+    assert e2e.main(["check", str(_run_dir(tmp_path, [SAM_CONFIG, *steps]))]) == 0
+    out = capsys.readouterr().out
+    assert "ok      SAM: npu_rl/sam/active at 4/4 steps; draft tokens per step [0, 40, 50, 20]" in out
+    assert "acceptance per step [0, 0.25, 0.9, 0.95]" in out
+
+
+@pytest.mark.parametrize(
+    "lines, why",
+    [
+        ([SAM_CONFIG, *[_sam_step(i, 0.0, 0.0) for i in range(1, 5)]], "never drafted"),
+        ([SAM_CONFIG, *[_sam_step(i, 9.0, 3.0) for i in range(1, 4)], _sam_step(4, 0.0, 0.0, 0.0, 0.0)], "lost"),
+        ([SAM_CONFIG, *[_sam_step(i, 9.0, 3.0) for i in range(1, 4)], _step(4)], "a step without the metrics"),
+        ([SAM_CONFIG, *[_step(i) for i in range(1, 5)]], "a run from before the metrics"),
+    ],
+)
+def test_sam_without_drafts_or_counts_fails(tmp_path, capsys, lines, why):
+    assert e2e.main(["check", str(_run_dir(tmp_path, lines))]) == 1, why
+    assert "MISSING SAM: npu_rl/sam/active" in capsys.readouterr().out
+
+
 def test_long_tail_guard_without_metrics_falls_back_to_the_server_lines(tmp_path, capsys):
     lines = [_step(i) for i in range(1, 5)]
     assert e2e.main(["check", str(_run_dir(tmp_path, lines, GUARD_ON))]) == 1

@@ -46,6 +46,14 @@ def test_engine_side_switches_report_active_and_self_reported_ones_are_left_to_t
     }  # the reshard and the guard put their own metrics through the weight sync and the rollout servers
 
 
+def test_sams_own_step_metric_is_never_overwritten():
+    # the V1 trainer logs npu_rl/sam/active from the responses' draft counts (verl patch 0012) before
+    # this runs; a 0 there (counts lost) must stay 0, not be covered by "switched on and accepted"
+    select = _select(f"+{R}.engine_kwargs.vllm.speculative_config.method=sam")
+    assert feature_metrics.active_metrics(select, {"npu_rl/sam/active": 0.0}, env={}) == {}
+    assert feature_metrics.active_metrics(select, {}, env={}) == {"npu_rl/sam/active": 1.0}  # other trainers
+
+
 def test_rebalance_is_active_only_when_its_dispatcher_reported_the_step():
     env = {"ROLLOUT_REBALANCE_ENABLE": "1"}
     assert feature_metrics.active_metrics(_select(), {}, env=env) == {"npu_rl/rollout_rebalance/active": 0.0}

@@ -53,12 +53,15 @@ if __name__ == "__main__":
         first = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
         llm.generate(others, sp)  # other prompts: a group corpus too small for both drops the first groups here
         d0, a0 = counters()
-        third = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
+        outs = [o.outputs[0] for o in llm.generate(prompts, sp)]
+        third = [o.token_ids for o in outs]
         d1, a1 = counters()
         same = [list(a) == list(b) for a, b in zip(first, third)]
         client = type(llm.llm_engine.engine_core).__name__
+        # vllm patch 0005: each completion's own (drafted, accepted, forwards), counted by the scheduler
+        per_request = [list(o.npu_rl_spec_counts) + [len(o.token_ids)] for o in outs]
         print("RESULT " + json.dumps({"case": case, "same": same, "drafted": d1 - d0, "accepted": a1 - a0,
-                                      "client": client}), flush=True)
+                                      "client": client, "per_request": per_request}), flush=True)
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
@@ -111,5 +114,14 @@ def test_sam_drafts_are_accepted_in_the_cpu_engine(engine_runs, case):
     assert res["same"] == [True, True, True]  # lossless
     lo, hi = acceptance
     assert res["drafted"] > 0 and lo <= res["accepted"] / res["drafted"] <= hi, res
+    # Each completion carries its own counts (vllm patch 0005), through the engine core's output
+    # (a spawned process in the history case) and the output processor: they add up to vLLM's own
+    # counters of the pass, and every token came from a forward or an accepted draft (the last
+    # forward may sample up to k = 3 tokens past max_tokens, which vLLM drops: measured 1 each time).
+    per_request = res["per_request"]
+    assert [sum(r[0] for r in per_request), sum(r[1] for r in per_request)] == [res["drafted"], res["accepted"]]
+    assert all(tokens == 32 <= forwards + accepted <= tokens + 3 for _, accepted, forwards, tokens in per_request)
+    if lo > 0:  # the cases that accept drafts: each completion took fewer forwards than tokens
+        assert all(forwards < tokens for _, _, forwards, tokens in per_request), per_request
     if "sam_history_mb" in extra:  # the engine core's process made its store and said which (no Ray here)
         assert "[npu-rl] SAM history corpus: in-process (this engine only), 16 MiB" in stderr

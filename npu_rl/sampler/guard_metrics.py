@@ -49,12 +49,9 @@ def step_metrics(
     ``extra_fields`` are read (verl's trainer reads its speculative-decoding counts the same way).
     The switch is read by the guard's own reader, so trainer and servers agree on it.
     """
+    from npu_rl.feature_metrics import step_extra_fields
     from npu_rl.sampler.guard import GuardParams
 
     if GuardParams.from_env(env) is None:
         return {}
-    data = kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
-    extra_fields = data["extra_fields"]
-    extra_fields = extra_fields.tolist() if hasattr(extra_fields, "tolist") else list(extra_fields)
-    real = [not tag.get("is_padding", False) for tag in batch.tags]
-    return summarize([e for e, keep in zip(extra_fields, real, strict=True) if keep])
+    return summarize(step_extra_fields(batch, kv_batch_get))
