@@ -281,34 +281,42 @@ def build_parser():
     toy.add_argument("--train-rows", type=int, default=2048, help="toy: training prompts (default 2048)")
     toy.add_argument("--val-rows", type=int, default=128, help="toy: validation prompts (default 128)")
     toy.add_argument("--seed", type=int, default=0, help="toy: seed of the prompts (default 0)")
+    toy.add_argument("--repeat", type=int, default=1, help="toy: the answer is the digit this many times (default 1)")
     return p
 
 
-def write_toy(out: Path, train_rows: int, val_rows: int, seed: int) -> tuple[Path, Path, bool]:
+def write_toy(out: Path, train_rows: int, val_rows: int, seed: int, repeat: int = 1) -> tuple[Path, Path, bool]:
     """``out/toy/train.parquet`` and ``out/toy/val.parquet``: the toy task (:mod:`npu_rl.toy`), prompts
     drawn with ``seed``, no validation prompt among the training ones. ``out/toy/made.json``, written
     last, records what was made (task, rows, seed); when it matches and both files are there nothing is
     written (the third item, ``written``, is then False), so a recipe can call this on every start.
 
+    ``repeat``: the answer is the digit this many times (:func:`npu_rl.toy.rows`).
+
     Raises:
-        DataError: fewer than 1 row asked for a split.
+        DataError: fewer than 1 row asked for a split, or ``repeat`` < 1.
     """
     from npu_rl import toy
 
     if train_rows < 1 or val_rows < 1:
         raise DataError(f"toy: --train-rows and --val-rows must be >= 1 (got {train_rows}, {val_rows})")
+    if repeat < 1:
+        raise DataError(f"toy: --repeat must be >= 1 (got {repeat})")
     paths = (out / "toy" / "train.parquet", out / "toy" / "val.parquet")
     stamp = out / "toy" / "made.json"
     want = {"task": toy.DATA_SOURCE, "words": toy.WORDS, "train_rows": train_rows, "val_rows": val_rows, "seed": seed}
+    if repeat > 1:  # a stamp of the one-digit task stays as it was
+        want["repeat"] = repeat
     try:
         if json.loads(stamp.read_text()) == want and all(p.is_file() for p in paths):
             return (*paths, False)
     except (OSError, ValueError):
         pass  # no stamp, or not ours: make the files
     stamp.unlink(missing_ok=True)  # a run cut short below leaves no stamp that claims its files
-    train = toy.rows(train_rows, "train", seed)
+    train = toy.rows(train_rows, "train", seed, repeat)
     seen = {r["extra_info"]["question"] for r in train}
-    val = [r for r in toy.rows(4 * val_rows + 64, "val", seed) if r["extra_info"]["question"] not in seen][:val_rows]
+    val = [r for r in toy.rows(4 * val_rows + 64, "val", seed, repeat) if r["extra_info"]["question"] not in seen]
+    val = val[:val_rows]
     for i, r in enumerate(val):
         r["extra_info"]["index"] = i
     write_parquet(train, paths[0])
@@ -324,12 +332,13 @@ def main(argv: list[str] | None = None) -> int:
         if a.input or a.hub:
             parser.error("toy takes no --input or --hub: its rows are drawn here (--train-rows, --val-rows, --seed)")
         try:
-            train, val, written = write_toy(a.out, a.train_rows, a.val_rows, a.seed)
+            train, val, written = write_toy(a.out, a.train_rows, a.val_rows, a.seed, a.repeat)
         except (DataError, OSError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
         what = "written" if written else "up to date, kept"
-        print(f"{train}, {val}: {a.train_rows} + {a.val_rows} rows of the toy task (seed {a.seed}): {what}")
+        task = "the toy task" if a.repeat == 1 else f"the toy task, answers repeated {a.repeat} times"
+        print(f"{train}, {val}: {a.train_rows} + {a.val_rows} rows of {task} (seed {a.seed}): {what}")
         return 0
     if not (a.input or a.hub):
         parser.error(f"{a.dataset}: give --input FILE... or --hub modelscope|hf")

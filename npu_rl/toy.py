@@ -107,22 +107,36 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
     ``solution_str``, the decoded response without special tokens) scores 1.0 when it is
     ``ground_truth`` (the answer digit), 0.05 when it is another digit, 0.0 otherwise.
 
+    With a ground truth of R words (the repeat variant, :func:`rows` with ``repeat=R``: the digit R
+    times) the response's first R words are scored so, each against its word, and the score is
+    their mean (1.0 only when all R are the digit; a missing word scores 0).
+
     Raises:
         ValueError: another data source (the recipe routed another dataset here).
     """
     if data_source != DATA_SOURCE:
         raise ValueError(f"toy reward: data source {data_source!r} is not {DATA_SOURCE!r}")
-    words = solution_str.split()
-    if not words:
-        return 0.0
-    if words[0] == ground_truth:
+    truth, words = ground_truth.split(), solution_str.split()
+    return sum(_word_score(w, t) for w, t in zip(words, truth, strict=False)) / len(truth)
+
+
+def _word_score(word: str, truth: str) -> float:
+    if word == truth:
         return 1.0
-    return FORMAT_CREDIT if len(words[0]) == 1 and words[0].isdigit() else 0.0
+    return FORMAT_CREDIT if len(word) == 1 and word.isdigit() else 0.0
 
 
-def rows(n: int, split: str, seed: int) -> list[dict]:
+def rows(n: int, split: str, seed: int, repeat: int = 1) -> list[dict]:
     """``n`` verl rows (``RLHFDataset``'s layout, like :func:`npu_rl.data.convert`'s) of the task:
-    prompts of one digit among :data:`LETTERS` drawn with ``seed``; ``extra_info.index`` unique per split."""
+    prompts of one digit among :data:`LETTERS` drawn with ``seed``; ``extra_info.index`` unique per split.
+    ``repeat`` R > 1: the answer is the digit R times (``"7 7 7"``), the variant whose converged
+    responses repeat, for speculative decoding in a learning loop (the prompts do not change).
+
+    Raises:
+        ValueError: ``repeat`` < 1.
+    """
+    if repeat < 1:
+        raise ValueError(f"toy task: repeat must be >= 1 (got {repeat})")
     rng = random.Random(f"{split}:{seed}")
     out = []
     for i in range(n):
@@ -134,7 +148,7 @@ def rows(n: int, split: str, seed: int) -> list[dict]:
                 "data_source": DATA_SOURCE,
                 "prompt": [{"role": "user", "content": prompt}],
                 "ability": "toy",
-                "reward_model": {"style": "rule", "ground_truth": answer(prompt)},
+                "reward_model": {"style": "rule", "ground_truth": " ".join([answer(prompt)] * repeat)},
                 "extra_info": {"index": i, "split": split, "dataset": "toy", "question": prompt},
             }
         )

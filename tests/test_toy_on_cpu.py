@@ -80,6 +80,38 @@ def test_the_reward_reads_the_first_word(response, score):
     assert toy.compute_score(toy.DATA_SOURCE, response, "4") == score
 
 
+@pytest.mark.parametrize(
+    ("response", "score"),
+    [
+        ("4 4 4", 1.0),
+        ("4 4 4 4 1", 1.0),  # words past the answer's are not read
+        ("4 4 1", (1 + 1 + 0.05) / 3),
+        ("4", 1 / 3),  # a missing word scores 0
+        ("user 4 4", 2 / 3),
+        ("3 3 3", 0.05),
+        ("", 0.0),
+    ],
+)
+def test_the_repeat_variants_reward_is_the_mean_over_the_answers_words(response, score):
+    assert toy.compute_score(toy.DATA_SOURCE, response, "4 4 4") == pytest.approx(score)
+
+
+def test_the_data_command_repeats_the_answer_and_remakes_one_digit_data(tmp_path, capsys):
+    pd = pytest.importorskip("pandas")
+    args = ["toy", "--out", str(tmp_path), "--train-rows", "40", "--val-rows", "8"]
+    assert data.main(args) == 0
+    one = pd.read_parquet(tmp_path / "toy" / "train.parquet")
+    assert data.main([*args, "--repeat", "3"]) == 0  # another answer: made again, same prompts
+    assert capsys.readouterr().out.rstrip().endswith("answers repeated 3 times (seed 0): written")
+    three = pd.read_parquet(tmp_path / "toy" / "train.parquet")
+    question = lambda frame: list(frame["extra_info"].map(lambda e: e["question"]))  # noqa: E731
+    assert question(three) == question(one)
+    for (_, a), (_, b) in zip(one.iterrows(), three.iterrows(), strict=True):
+        assert b["reward_model"]["ground_truth"] == " ".join([a["reward_model"]["ground_truth"]] * 3)
+    assert data.main(["toy", "--out", str(tmp_path), "--repeat", "0"]) == 1
+    assert "--repeat must be >= 1 (got 0)" in capsys.readouterr().err
+
+
 def test_the_reward_refuses_another_data_source():
     with pytest.raises(ValueError, match="openai/gsm8k"):
         toy.compute_score("openai/gsm8k", "4", "4")
