@@ -7,6 +7,7 @@
 # epoch) are accepted more and more: npu_rl/sam/acceptance and rollout/spec_accept_length per step
 # (vllm patch 0005, verl patch 0012) show it.
 #   bash ray_start_npu.sh recipes/qwen3-tiny/grpo_learn_sam_cpu.sh recipes/qwen3-tiny/env_cpu_learn.sh
+# Env: env_cpu_learn.sh
 # Evidence: python -m npu_rl.e2e check RUN_DIR --min-steps 20 --learned 0.1 (SAM's check included);
 # the report: python -m npu_rl.report RUN_DIR --chance 0.1. Measured: docs/spec_decode.md, "In a
 # learning run". Not in CI (the CPU main job's time budget); k, history and the gate are switches.
