@@ -19,6 +19,7 @@ client it got, and the test checks it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -43,7 +44,7 @@ if __name__ == "__main__":
     for case, extra, multiprocess in json.loads(sys.argv[2]):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"  # read at each LLM()
         llm = LLM(sys.argv[1], dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=8,
-                  max_num_batched_tokens=256, disable_log_stats=False,
+                  max_num_batched_tokens=256, disable_log_stats=False, logprobs_mode="processed_logprobs",
                   speculative_config={"method": "sam", "num_speculative_tokens": 3, **extra})
 
         def counters():
@@ -60,8 +61,13 @@ if __name__ == "__main__":
         client = type(llm.llm_engine.engine_core).__name__
         # vllm patch 0005: each completion's own (drafted, accepted, forwards), counted by the scheduler
         per_request = [list(o.npu_rl_spec_counts) + [len(o.token_ids)] for o in outs]
+        # sampling at T = 1 with log-probs as verl asks for them (logprobs_mode processed_logprobs):
+        # each sampled token's log-prob, drafted positions included (vllm patch 0006)
+        hot = SamplingParams(max_tokens=32, temperature=1.0, logprobs=0, ignore_eos=True, seed=0)
+        hot_outs = [o.outputs[0] for o in llm.generate(prompts * 2, hot)]
+        logprobs = [lp[t].logprob for o in hot_outs for t, lp in zip(o.token_ids, o.logprobs)]
         print("RESULT " + json.dumps({"case": case, "same": same, "drafted": d1 - d0, "accepted": a1 - a0,
-                                      "client": client, "per_request": per_request}), flush=True)
+                                      "client": client, "per_request": per_request, "logprobs": logprobs}), flush=True)
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
@@ -123,5 +129,9 @@ def test_sam_drafts_are_accepted_in_the_cpu_engine(engine_runs, case):
     assert all(tokens == 32 <= forwards + accepted <= tokens + 3 for _, accepted, forwards, tokens in per_request)
     if lo > 0:  # the cases that accept drafts: each completion took fewer forwards than tokens
         assert all(forwards < tokens for _, _, forwards, tokens in per_request), per_request
+    # at T = 1 every sampled token's processed log-prob is the model's (finite, below 0 for this random
+    # model over 151,936 tokens); without vllm patch 0006 drafted positions came back 0.0 or NaN
+    logprobs = res["logprobs"]
+    assert len(logprobs) == 6 * 32 and all(math.isfinite(v) and v < 0 for v in logprobs), logprobs
     if "sam_history_mb" in extra:  # the engine core's process made its store and said which (no Ray here)
         assert "[npu-rl] SAM history corpus: in-process (this engine only), 16 MiB" in stderr

@@ -398,3 +398,31 @@ def test_drafting_rank_is_the_first_of_the_last_pipeline_stage(tp, pp, pcp, draf
         else:
             assert f"only from rank {drafting_rank}" in why and f"this is rank {rank} of {tp * pp * pcp}" in why
     assert drafting == [drafting_rank]
+
+
+def _expand_reference(values, cu_num_tokens, replace_from, replace_to, num_tokens):
+    """What vLLM's Triton ``expand_kernel`` writes: request i's value (``replace_from`` made
+    ``replace_to``) at tokens ``cu[i-1]..cu[i]``, read off rejection_sampler.py line by line."""
+    out, start = [], 0
+    for value, end in zip(values, cu_num_tokens, strict=True):
+        out += [replace_to if value == replace_from else value] * (end - start)
+        start = end
+    return out + [None] * (num_tokens - len(out))
+
+
+@pytest.mark.parametrize(
+    ("values", "dtype", "replace_from", "replace_to"),
+    [
+        ([0.7, -1.0, 1.5], torch.float32, -1.0, 1.0),  # temperatures: greedy (-1) expands as 1
+        ([3, 0, 7], torch.int32, 0, 151936),  # top-k: 0 (off) expands as the vocabulary
+    ],
+)
+def test_the_cpu_expand_fallback_fills_float_and_int32_outputs(values, dtype, replace_from, replace_to):
+    # vllm patch 0006: before it, a float32 or int32 output went to the C++ kernel as an int64 copy and
+    # came back uninitialised, so the rejection sampler divided its logits by garbage at T > 0
+    from vllm.utils.cpu_triton_utils import _expand_kernel_impl
+
+    cu = torch.tensor([2, 2, 5], dtype=torch.int32)
+    out = torch.full((5,), -123, dtype=dtype)
+    _expand_kernel_impl(out, torch.tensor(values, dtype=dtype), cu, replace_from, replace_to)
+    assert out.tolist() == pytest.approx(_expand_reference(values, [2, 2, 5], replace_from, replace_to, 5))
