@@ -128,3 +128,21 @@ def test_the_launcher_points_verls_file_tracker_into_each_nodes_run_directory(tm
     run, env = run_dir_env({}, is_head=False)
     assert run.name.endswith("-grpo_x-192.0.2.7") and env["VERL_FILE_LOGGER_PATH"] == str(run / "metrics.jsonl")
     assert run_dir_env({"VERL_FILE_LOGGER_PATH": "/data/mine.jsonl"})[1]["VERL_FILE_LOGGER_PATH"] == "/data/mine.jsonl"
+
+
+def test_a_dry_run_names_a_ray_node_that_stops_while_it_looks(tmp_path, monkeypatch):
+    """The head's dry run names a Ray node already running here. It read the list twice, and a node
+    that stopped in between (another job's, or a parallel test's) crashed the dry run with an
+    IndexError; seen in a clean-clone CI. One read now."""
+    from npu_rl.launch import cluster
+    from npu_rl.launch.cli import Launcher
+
+    reads = iter([["pid 7 (user u), GCS 192.0.2.7:6379"], []])
+    monkeypatch.setattr(cluster, "running_raylets", lambda: next(reads))
+    env = {"LOG_DIR": str(tmp_path / "logs"), "NNODES": "1", "NPUS_PER_NODE": "2", "VERL_PLATFORM": "cpu"}
+    launcher = Launcher(tmp_path / "grpo_x.sh", None, env)
+    lines: list[str] = []
+    launcher.log = lines.append
+    launcher.resolve(dry_run=True)
+    node = "pid 7 (user u), GCS 192.0.2.7:6379"
+    assert f"note: the real run would stop here: a Ray node already runs here ({node})" in lines

@@ -164,10 +164,9 @@ class Launcher:
                 raise
             auth, notes = {}, [f"the real run would stop here: {e}"]  # a laptop has no cluster token
         if dry_run and topo.is_head:  # what the head would refuse before starting Ray
-            if cluster.running_raylets():
-                notes.append(
-                    f"the real run would stop here: a Ray node already runs here ({cluster.running_raylets()[0]})"
-                )
+            # read once: a node seen here may be gone a moment later (another job's, or a test's, stopping)
+            if raylets := cluster.running_raylets():
+                notes.append(f"the real run would stop here: a Ray node already runs here ({raylets[0]})")
             elif cluster.port_open(topo.node_ip, topo.master_port):
                 notes.append(
                     f"the real run would stop here: {cluster.port_busy_message(topo.node_ip, topo.master_port)}"
