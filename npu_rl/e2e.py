@@ -386,23 +386,26 @@ GUARD_METRICS = "npu_rl/long_tail_guard/"
 SAM_METRICS = "npu_rl/sam/"
 
 
+def _reported_every_step(ev: Evidence, prefix: str) -> bool:
+    """A feature whose runtime reports per step (``<prefix>active``, ``<prefix>responses``): ``active`` 1
+    at every step and every step's responses carrying the feature's verdicts (none lost on the way)."""
+    n = len(ev.steps)
+    active, responses = ev.series(prefix + "active"), ev.series(prefix + "responses")
+    return len(active) == n and all(a == 1.0 for a in active) and len(responses) == n and all(r > 0 for r in responses)
+
+
 def check_sam(ev: Evidence) -> None:
     """SAM drafted and its drafts were verified: its step metrics (``npu_rl/sam/*``, from each
     response's draft counts: vllm patch 0005, verl patch 0012, :mod:`npu_rl.spec_decode.metrics`)
     are at every step with ``active`` 1 and every step's responses carrying counts, and SAM drafted
     tokens over the run (``drafted`` > 0: a drafter that never proposes is a silent no-op)."""
     n = len(ev.steps)
-    active, responses = ev.series(SAM_METRICS + "active"), ev.series(SAM_METRICS + "responses")
+    active = ev.series(SAM_METRICS + "active")
     drafted, acceptance = ev.series(SAM_METRICS + "drafted"), ev.series(SAM_METRICS + "acceptance")
     per_forward = ev.series(SAM_METRICS + "tokens_per_forward")
     ev.add(
         "SAM",
-        n > 0
-        and len(active) == n
-        and all(a == 1.0 for a in active)
-        and len(responses) == n
-        and all(r > 0 for r in responses)
-        and sum(drafted) > 0,
+        n > 0 and _reported_every_step(ev, SAM_METRICS) and sum(drafted) > 0,
         f"{SAM_METRICS}active at {len(active)}/{n} steps; draft tokens per step {_fmt(drafted)}; "
         f"acceptance per step {_fmt(acceptance)}; tokens per forward {_fmt(per_forward)}",
     )
@@ -420,11 +423,7 @@ def check_long_tail_guard(ev: Evidence) -> None:
         responses, cuts = ev.series(GUARD_METRICS + "responses"), ev.series(GUARD_METRICS + "cuts")
         ev.add(
             "long-tail guard",
-            len(active) == n
-            and all(a == 1.0 for a in active)
-            and len(responses) == n
-            and all(r > 0 for r in responses)
-            and sum(cuts) > 0,
+            _reported_every_step(ev, GUARD_METRICS) and sum(cuts) > 0,
             f"{GUARD_METRICS}active at {len(active)}/{n} steps; responses with a verdict per step "
             f"{_fmt(responses)}; cuts per step {_fmt(cuts)}",
         )
