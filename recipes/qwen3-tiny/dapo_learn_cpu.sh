@@ -12,15 +12,18 @@
 # - penalty_factor 0.05, the size of the task's credit for a wrong digit, not DAPO's 1.0: with 1.0
 #   (and with 0.2) the policy first learned to stop at once (an empty answer loses nothing) and only
 #   then to read the prompt; validation 0.51 at step 20 with 1.0, 0.81 with 0.05 (groups of 16).
-# - filter_groups.metric=reward (the shaped reward, verl's canonical one) rather than DAPO's acc: a
-#   group whose answers are all right but of different lengths still teaches when to stop.
+# - filter_groups.metric=acc (DAPO's own, and the NPU DAPO recipes'): a group whose 32 answers are
+#   all right is dropped once the policy knows a prompt. With the shaped reward a group had to agree
+#   on its length as well, and one CI run (e92c70f) ended with lengths still mixed (2.2 tokens) and no
+#   group dropped in 16 steps, so the run never showed dynamic sampling at work.
 # Measured (docs/e2e.md, "Learning runs"): with groups of 32, validation 0 / 0.37 / 0.93 / 1.0 / 1.0
-# at steps 0/4/8/12/16 in 6 min 13 s (with groups of 16 and 20 steps: 0.75-0.93 at the end).
+# at steps 0/4/8/12/16 in 6 min 13 s (with groups of 16 and 20 steps: 0.75-0.93 at the end); with
+# metric acc on a slower machine 0 / 0.32 / 0.81 / 1.0 / 1.0, groups dropped from step 9, 15 min 6 s.
 # Evidence: python -m npu_rl.e2e check RUN_DIR --min-steps 16 --learned 0.1 --final-val 0.9 --dapo
 set -euo pipefail
 DAPO=(
     algorithm.filter_groups.enable=True
-    algorithm.filter_groups.metric=reward
+    algorithm.filter_groups.metric=acc
     algorithm.filter_groups.max_inflight_gen_batches=2
     reward.reward_manager.name=dapo
     actor_rollout_ref.actor.clip_ratio_low=0.2
