@@ -20,14 +20,13 @@ coalescer per worker.
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-log = logging.getLogger(__name__)
+from npu_rl import worker_log
 
 #: ``put(keys, fields, tags, partition_id)``: one TransferQueue call; ``fields`` None writes tags only.
 PutFn = Callable[[list[str], "list[dict[str, Any]] | None", list[dict[str, Any]], str], Awaitable[None]]
@@ -59,22 +58,30 @@ class PutCoalescer:
     """Group commit of TransferQueue puts within one event loop.
 
     ``put`` is the real call (see :data:`PutFn`); ``max_keys`` bounds the keys of one call (a put
-    larger than that goes alone); ``report_every_s`` logs :meth:`PutStats.line` at most this often
-    (0: never). Puts are batched only with puts of the same kind: the same partition and either tags
-    only or fields with the same names (verl's ``list_of_dict_to_tensordict`` needs one set of names).
+    larger than that goes alone); ``report`` receives :meth:`PutStats.line` at most every
+    ``report_every_s`` seconds (0: never; default: a ``[npu-rl]`` line on stderr). Puts are batched
+    only with puts of the same kind: the same partition and either tags only or fields with the same
+    names (verl's ``list_of_dict_to_tensordict`` needs one set of names).
     """
 
-    def __init__(self, put: PutFn, *, max_keys: int = 1024, report_every_s: float = 300.0, name: str = "") -> None:
+    def __init__(
+        self,
+        put: PutFn,
+        *,
+        max_keys: int = 1024,
+        report_every_s: float = 300.0,
+        report: Callable[[str], None] = worker_log,
+    ) -> None:
         if max_keys < 1:
             raise ValueError(f"max_keys must be >= 1 (got {max_keys})")
         self._put = put
         self._max_keys = max_keys
-        self._pending: dict[tuple, list[_Pending]] = {}
+        self._pending: dict[tuple, deque[_Pending]] = {}
         self._busy: set[tuple] = set()
         self._tasks: set[asyncio.Task] = set()
         self._report_every_s = report_every_s
         self._reported = time.monotonic()
-        self._name = name
+        self._report = report
         self.stats = PutStats()
 
     async def put(
@@ -104,7 +111,7 @@ class PutCoalescer:
         kind = _kind(partition_id, fields)
         self.stats.puts += 1
         done = asyncio.get_running_loop().create_future()
-        self._pending.setdefault(kind, []).append(_Pending(keys, fields, tags, done))
+        self._pending.setdefault(kind, deque()).append(_Pending(keys, fields, tags, done))
         if kind not in self._busy:
             self._send_next(kind)
         await done
@@ -116,7 +123,7 @@ class PutCoalescer:
             return
         batch, n = [], 0
         while queue and (not batch or n + len(queue[0].keys) <= self._max_keys):
-            item = queue.pop(0)
+            item = queue.popleft()
             batch.append(item)
             n += len(item.keys)
         if not queue:
@@ -153,7 +160,7 @@ class PutCoalescer:
         if self._report_every_s <= 0 or time.monotonic() - self._reported < self._report_every_s:
             return
         self._reported = time.monotonic()
-        log.warning("[npu-rl] agent-loop puts%s: %s", f" ({self._name})" if self._name else "", self.stats.line())
+        self._report(f"agent-loop puts so far: {self.stats.line()}")
 
 
 def _kind(partition_id: str, fields: list[dict[str, Any]] | None) -> tuple:
@@ -174,8 +181,9 @@ def for_worker(worker: Any) -> PutCoalescer:
     joined by ``verl.utils.tensordict_utils.list_of_dict_to_tensordict``."""
     coalescer = getattr(worker, "_npu_rl_puts", None)
     if coalescer is None:
-        coalescer = PutCoalescer(verl_put, name=f"agent-loop worker pid {os.getpid()}")
+        coalescer = PutCoalescer(verl_put)
         worker._npu_rl_puts = coalescer
+        worker_log("agent-loop puts coalesced (verl patch 0013): one TransferQueue call per batch of concurrent puts")
     return coalescer
 
 

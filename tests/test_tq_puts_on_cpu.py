@@ -144,6 +144,13 @@ def test_calls_are_split_at_max_keys_and_by_partition_and_field_names():
     assert len(calls) == 6
 
 
+def test_the_coalescer_says_what_it_did_at_its_report_interval():
+    lines = []
+    co = PutCoalescer(Recorder(), report_every_s=1e-9, report=lines.append)
+    asyncio.run(co.put(["a", "b"], None, [{}, {}], "train"))
+    assert lines == ["agent-loop puts so far: 1 puts (2 keys) in 1 TransferQueue calls, 1.0 puts a call"]
+
+
 @pytest.mark.parametrize(
     ("keys", "fields", "tags", "message"),
     [
@@ -161,7 +168,7 @@ def test_malformed_puts_are_refused_before_anything_is_sent(keys, fields, tags, 
 
 @pytest.mark.serial
 @pytest.mark.slow
-def test_trajectories_through_the_coalescer_read_back_from_a_real_transfer_queue():
+def test_trajectories_through_the_coalescer_read_back_from_a_real_transfer_queue(monkeypatch):
     """verl's own put (npu_rl.tq_puts.verl_put, as the patched worker calls it) into TransferQueue
     0.1.8 on a private local Ray: trajectories of different lengths put one by one and coalesced
     into shared calls read back equal, row by row, through tq.kv_batch_get, and every status tag lands."""
@@ -176,6 +183,9 @@ def test_trajectories_through_the_coalescer_read_back_from_a_real_transfer_queue
 
     class Worker:
         pass
+
+    said = []
+    monkeypatch.setattr(tq_puts, "worker_log", said.append)
 
     def trajectory(uid: str, i: int) -> dict:
         prompt = torch.arange(5 + i % 3, dtype=torch.int64)
@@ -215,6 +225,7 @@ def test_trajectories_through_the_coalescer_read_back_from_a_real_transfer_queue
         asyncio.run(tq_puts.verl_put(["solo_0_0"], [trajectory("solo", 3)], [{"status": "success"}], "train"))
         stats = asyncio.run(write(Worker()))
         assert stats.calls < stats.puts == 6 * 10  # some calls carried several puts
+        assert len(said) == 1 and said[0].startswith("agent-loop puts coalesced (verl patch 0013)")  # no silent no-op
         keys = ["solo_0_0"] + [f"u{p}_{i}_0" for p in range(6) for i in range(8)]
         got = tq.kv_batch_get(keys=keys, partition_id="train")
         listing = tq.kv_list(partition_id="train")["train"]
