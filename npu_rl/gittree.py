@@ -23,6 +23,7 @@ except ImportError:  # pragma: no cover - depends on the interpreter
         "or pip install -r constraints/tools.txt"
     ) from None
 
+from npu_rl import signals
 from npu_rl.errors import IOFailure, NpuRlError
 
 #: Tag of the baseline commit in every tree.
@@ -97,13 +98,19 @@ def git(
         "start_new_session": True,
     }
     try:
-        if stdin is not None:
-            # GitPython streams istream to the process; a temporary file keeps large patches safe.
-            with tempfile.TemporaryFile() as fh:
-                fh.write(stdin)
-                fh.seek(0)
-                return runner.execute(["git", *args], istream=fh, **kwargs)
-        return runner.execute(["git", *args], **kwargs)
+        for attempt in (1, 2):
+            try:
+                if stdin is not None:
+                    # GitPython streams istream to the process; a temporary file keeps large patches safe.
+                    with tempfile.TemporaryFile() as fh:
+                        fh.write(stdin)
+                        fh.seek(0)
+                        return runner.execute(["git", *args], istream=fh, **kwargs)
+                return runner.execute(["git", *args], **kwargs)
+            except gitpython.GitCommandError as exc:
+                if attempt == 1 and _killed_before_exec(exc):
+                    continue
+                raise
     except gitpython.GitCommandError as exc:
         io = GitIOError.from_git(Path(cwd), args, git_error_text(exc))
         if io is not None:
@@ -111,6 +118,18 @@ def git(
         raise
     except OSError as exc:  # the temporary file (disk full) or git itself could not be started
         raise IOFailure.from_os_error(exc, f"running git {args[0] if args else ''} in {cwd}") from None
+
+
+def _killed_before_exec(exc: gitpython.GitCommandError) -> bool:
+    """Whether git died of a signal this process received, which can only have happened before git ran.
+
+    A signal sent to our process group (a terminal's Ctrl-C, ``timeout``, a closed ssh session) can
+    reach the child in the moment between fork and its ``setsid``: CPython's child has reset its
+    signal handlers to the default by then, so it dies before ``exec`` (seen in CI: ``git
+    write-tree`` exit -1 after SIGHUP, during a ``--revert``). After ``setsid`` no group signal reaches
+    it. So such a git never started, and running it again is safe (once)."""
+    status = exc.status if isinstance(exc.status, int) else 0
+    return status < 0 and -status in signals.received()
 
 
 class GitIOError(IOFailure):

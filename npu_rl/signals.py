@@ -18,7 +18,9 @@ All three mean the same here: stop, put back what was changed, exit ``128 + sign
   several times would otherwise kill the finished process by signal (exit -15 for a job whose trees
   are complete).
 - git children run in a session of their own (:func:`npu_rl.gittree.git`), so a terminal's Ctrl-C,
-  sent to the whole foreground process group, reaches only us, never a half-written ``git apply``.
+  sent to the whole foreground process group, reaches only us, never a half-written ``git apply``
+  (a child that the signal caught between fork and its ``setsid`` died before running git, and
+  :func:`npu_rl.gittree.git` runs it again).
 """
 
 from __future__ import annotations
@@ -95,6 +97,11 @@ def ignore_at_exit() -> None:
 def interrupted() -> int | None:
     """The first handled signal received so far, or None."""
     return _STATE.received[0] if _STATE.received else None
+
+
+def received() -> tuple[int, ...]:
+    """Every handled signal received so far (numbers, in order)."""
+    return tuple(_STATE.received)
 
 
 def check() -> None:

@@ -270,3 +270,46 @@ def test_named_upstream_without_patches_says_so(sources, series_copy, capsys):
     assert cli("--only", "mbridge", sources=sources, patches=series_copy) == 0
     out = capsys.readouterr().out
     assert "mbridge" in out and "no patches in the series" in out
+
+
+def test_a_git_that_a_received_signal_killed_before_it_ran_is_run_again(tmp_path, monkeypatch):
+    """A group signal can reach a git child between fork and its setsid, where it dies before exec
+    (seen in CI: ``git write-tree`` exit -1 after SIGHUP during --revert). Such a git never ran, so
+    gittree.git runs it once more; a git killed by a signal this process never received, or one that
+    failed on its own, is not retried."""
+    import signal as sig
+
+    import git as gitpython
+
+    from npu_rl import signals
+
+    git(tmp_path, "init", "-q")
+    real = gitpython.Git.execute
+    calls, kill = [], []
+
+    def execute(self, command, *a, **kw):
+        calls.append(command[1])
+        if kill:
+            raise gitpython.GitCommandError(command, -kill.pop(), b"", b"")
+        return real(self, command, *a, **kw)
+
+    monkeypatch.setattr(gitpython.Git, "execute", execute)
+    signals._reset_for_tests()
+    kill.append(sig.SIGHUP)
+    with pytest.raises(gitpython.GitCommandError):  # SIGHUP was never received here: a real failure
+        git(tmp_path, "write-tree")
+    assert calls == ["write-tree"]
+    calls.clear()
+    monkeypatch.setattr(signals._STATE, "received", [sig.SIGHUP])
+    kill.append(sig.SIGHUP)
+    assert len(git(tmp_path, "write-tree")) == 40  # the empty tree's id, from the second run
+    assert calls == ["write-tree", "write-tree"]
+    calls.clear()
+    kill.append(sig.SIGTERM)  # killed by a signal we did not receive: not ours to retry
+    with pytest.raises(gitpython.GitCommandError):
+        git(tmp_path, "write-tree")
+    assert calls == ["write-tree"]
+    calls.clear()
+    with pytest.raises(gitpython.GitCommandError):
+        git(tmp_path, "no-such-command")  # git's own failure (exit 1): not retried
+    assert calls == ["no-such-command"]
