@@ -169,12 +169,29 @@ def skips_old_log_prob(ev: Evidence) -> bool:
     return "'recompute_old_log_prob': False" in ev.log
 
 
+#: The smallest |actor/pg_loss| of a step that counts as a policy gradient off-policy (the learning runs'
+#: first steps: 0.0486 with four mini-batches; a fully on-policy update's value is rounding noise, ~1e-8).
+PG_LOSS_MIN = 1e-6
+
+#: A still policy's ``actor/entropy`` drift from its first step (nats/token) in the on-policy shortcut,
+#: where ``actor/ppo_kl`` is 0 by construction: the lr-0 control drifted 0.003 over 6 steps (sampling
+#: noise of 1,024 samples), the learning run's entropy fell 0.107 in its first update.
+ENTROPY_STILL = 0.02
+
+
 def check_weight_sync(
-    ev: Evidence, kl_abs: float, kl_ratio: float, probs_diff_max: float, control: bool = False
+    ev: Evidence,
+    kl_abs: float,
+    kl_ratio: float,
+    probs_diff_max: float,
+    control: bool = False,
+    entropy_abs: float = ENTROPY_STILL,
 ) -> None:
     """Weights reach the rollout at every step (module docstring: the rule and why). ``control``: a
     negative control whose learning is switched off (lr 0): its policy must not move (every
-    ``actor/ppo_kl`` within ``kl_abs``), and the rollout must still match the actor within ``kl_abs``."""
+    ``actor/ppo_kl`` within ``kl_abs``; with the on-policy shortcut, where that KL is 0 by
+    construction, every ``actor/entropy`` within ``entropy_abs`` of the first step's), and the rollout
+    must still match the actor within ``kl_abs``."""
     n = len(ev.steps)
     sync = ev.series("timing_s/update_weights")
     ev.add(
@@ -189,6 +206,14 @@ def check_weight_sync(
             len(diff) == n and n > 0 and all(v <= probs_diff_max for v in diff),
             f"actor/training/rollout_probs_diff_max per step {_fmt(diff)} <= {probs_diff_max:g}",
         )
+        if control:
+            ent = ev.series("actor/entropy")
+            ev.add(
+                "policy still (control)",
+                len(ent) == n and n > 0 and all(abs(v - ent[0]) <= entropy_abs for v in ent),
+                f"actor/entropy per step {_fmt(ent)}: all within {entropy_abs:g} of the first (learning switched "
+                "off; the on-policy shortcut's actor/ppo_kl is 0 by construction)",
+            )
         return
     kl = ev.series("rollout_corr/kl")
     movement = max(ev.series("actor/ppo_kl"), default=0.0)
@@ -265,11 +290,25 @@ def check_learning(ev: Evidence, chance: float, final_min: float) -> None:
     head = ev.steps[steps[0]] if steps else {}
     adv = (head.get("critic/advantages/min", 0.0), head.get("critic/advantages/max", 0.0))
     pg = ev.series("actor/pg_loss")
+    if skips_old_log_prob(ev):
+        # On-policy the ratio is 1, so the loss's value is minus the mean advantage: 0 up to rounding
+        # (GRPO's advantages are zero-mean per group; measured -2.8e-9). Its gradient is not 0.
+        grad = ev.series("actor/grad_norm")
+        ev.add(
+            "policy gradient ran",
+            adv[0] < 0 < adv[1] and any(v > 0 for v in grad[:1]),
+            f"step {steps[0] if steps else '-'}: critic/advantages min/max {adv[0]:.3g}/{adv[1]:.3g}, "
+            f"actor/grad_norm {_fmt(grad[:1])} (both must be non-zero; on-policy actor/pg_loss "
+            f"{_fmt(pg[:1])} is the advantages' mean, 0 by construction)",
+        )
+        return
+    moved = [v for v in pg if abs(v) > PG_LOSS_MIN]
     ev.add(
         "policy gradient ran",
-        adv[0] < 0 < adv[1] and any(abs(v) > 0 for v in pg[:1]),
-        f"step {steps[0] if steps else '-'}: critic/advantages min/max {adv[0]:.3g}/{adv[1]:.3g}, "
-        f"actor/pg_loss {_fmt(pg[:1])} (both must be non-zero)",
+        adv[0] < 0 < adv[1] and bool(moved),
+        f"step {steps[0] if steps else '-'}: critic/advantages min/max {adv[0]:.3g}/{adv[1]:.3g} (must be "
+        f"non-zero); actor/pg_loss {_fmt(pg[:3])}: {len(moved)}/{len(pg)} steps with |pg_loss| > {PG_LOSS_MIN:g} "
+        "(an on-policy update's loss value is the advantages' mean, 0 up to rounding)",
     )
 
 
@@ -518,6 +557,12 @@ def main(argv: list[str] | None = None) -> int:
         default=1e-3,
         help="with recompute_old_log_prob=false: largest |p_actor - p_rollout| accepted per step",
     )
+    c.add_argument(
+        "--entropy-abs",
+        type=float,
+        default=ENTROPY_STILL,
+        help="with --at-chance and recompute_old_log_prob=false: largest drift of actor/entropy from the first step",
+    )
     c.add_argument("--require", nargs="*", default=[], help="features that must be on (names as printed)")
     c.add_argument(
         "--learned",
@@ -568,7 +613,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}: the run did not reach its recipe", file=sys.stderr)
         return 1
     check_training(ev, a.min_steps)
-    check_weight_sync(ev, a.kl_abs, a.kl_ratio, a.probs_diff_max, control=a.at_chance is not None)
+    check_weight_sync(
+        ev, a.kl_abs, a.kl_ratio, a.probs_diff_max, control=a.at_chance is not None, entropy_abs=a.entropy_abs
+    )
     if a.learned is not None:
         check_learning(ev, a.learned, a.final_val)
     if a.at_chance is not None:

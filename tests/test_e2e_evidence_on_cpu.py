@@ -371,6 +371,18 @@ def test_learning_evidence_fails_on_each_missing_piece(tmp_path, capsys, scores,
     assert [ln.split(":")[0] for ln in out.splitlines() if ln.startswith("MISSING")] == [f"MISSING {failed}"], out
 
 
+@pytest.mark.parametrize(("pg", "grad", "ok"), [(-2.8e-9, 3.5, True), (-2.8e-9, 0.0, False)])
+def test_an_on_policy_learning_runs_gradient_shows_in_its_grad_norm(tmp_path, capsys, pg, grad, ok):
+    """On-policy (recompute_old_log_prob=false) the loss value is the zero-mean advantages' mean, ~1e-9 in
+    the real run: the gradient is judged by actor/grad_norm there, not by a value that is 0 by construction."""
+    log = _learning_log([0.11, 0.13, 0.5], [0.12, 0.95], pg=pg)
+    lines = ["(TaskRunnerV1 pid=1)   'actor': {'recompute_old_log_prob': False,"]
+    lines += [line.replace("actor/grad_norm:0.02", f"actor/grad_norm:{grad}") for line in log]
+    e2e.main(["check", str(_run_dir(tmp_path, lines)), "--min-steps", "3", "--learned", "0.12"])
+    out = capsys.readouterr().out
+    assert ("ok      policy gradient ran" in out) == ok and "actor/grad_norm [" in out, out
+
+
 def test_the_negative_control_must_stay_at_chance_with_a_still_policy(tmp_path, capsys):
     """lr 0: the rewards stay within 2 x chance, the policy never moves (actor/ppo_kl ~ 0) and the
     rollout still matches the actor; a control that learned, or whose policy moved, fails."""
@@ -387,6 +399,33 @@ def test_the_negative_control_must_stay_at_chance_with_a_still_policy(tmp_path, 
     assert "ok      policy still (control): actor/ppo_kl per step [0, 0, 0]" in out
     assert control("rises", [0.12, 0.1, 0.3])[:2] == (1, ["MISSING stays at chance"])
     assert control("moved", [0.12, 0.1, 0.14], ppo_kl=0.02)[:2] == (1, ["MISSING policy still (control)"])
+
+
+def test_the_on_policy_control_shows_its_still_policy_by_its_entropy(tmp_path, capsys):
+    """With recompute_old_log_prob=false the update's old log-prob is log_prob.detach(), so actor/ppo_kl
+    is 0 whether the policy moves or not: the control's still policy shows in actor/entropy instead
+    (the real lr-0 control: 2.9727-2.9760 over 6 steps; the learning run: 2.974 -> 2.866 in one update)."""
+
+    def control(name, entropies):
+        (tmp_path / name).mkdir()
+        lines = ["(TaskRunnerV1 pid=1)   'actor': {'recompute_old_log_prob': False,"]
+        for i, line in enumerate(_learning_log([0.12, 0.1, 0.14], [0.11], ppo_kl=0.0)):
+            if i:
+                line = line.replace(" - rollout_corr/kl:1e-05", "").replace(
+                    "actor/entropy:4.0", f"actor/entropy:{entropies[i - 1]}"
+                )
+                line += " - actor/training/rollout_probs_diff_max:2e-05 - actor/training/rollout_probs_diff_mean:1e-06"
+                line += " - npu_rl/skip_old_log_prob/active:1.0"
+            lines.append(line)
+        run = _run_dir(tmp_path / name, lines)
+        rc = e2e.main(["check", str(run), "--min-steps", "3", "--at-chance", "0.12"])
+        out = capsys.readouterr().out
+        return rc, [ln.split(":")[0] for ln in out.splitlines() if ln.startswith("MISSING")], out
+
+    rc, missing, out = control("still", [2.9739, 2.9749, 2.9727])
+    assert (rc, missing) == (0, []), out
+    assert "ok      policy still (control): actor/entropy per step [2.97, 2.97, 2.97]: all within 0.02" in out
+    assert control("moved", [2.974, 2.866, 2.694])[:2] == (1, ["MISSING policy still (control)"])
 
 
 # --- DAPO runs (issue 34): dynamic sampling and the overlong shaping must both leave their trace ---

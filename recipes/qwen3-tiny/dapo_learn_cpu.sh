@@ -29,6 +29,10 @@ DAPO=(
     actor_rollout_ref.actor.clip_ratio_low=0.2
     actor_rollout_ref.actor.clip_ratio_high=0.28
     actor_rollout_ref.actor.loss_agg_mode=token-mean
+    # four optimizer steps per training step, with the old-log-prob pass: the PPO ratio and DAPO's
+    # clip-higher act only off-policy (grpo_learn_cpu.sh is on-policy, one step per batch)
+    actor_rollout_ref.actor.ppo_mini_batch_size=8
+    actor_rollout_ref.actor.recompute_old_log_prob=true
     data.max_response_length=3
     actor_rollout_ref.rollout.max_model_len=23
     +reward.reward_kwargs.overlong_buffer_cfg.enable=True
