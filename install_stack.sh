@@ -19,7 +19,13 @@ install::usage() {
 }
 
 install::pip() {
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@"
+    # --cpu: --no-compile. pip byte-compiles every module it installs (~24,000 here, about a minute of
+    # the CPU install), while a CPU environment (a developer's, CI's) imports a fraction of them and
+    # writes their bytecode on first import. --npu keeps pip's default: an image's site-packages may be
+    # read-only to the user who runs it, and every process would then compile in memory at each start.
+    local compile=()
+    [[ "${MODE:-}" != cpu ]] || compile=(--no-compile)
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${compile[@]}" "$@"
 }
 
 install::locked_version() {
