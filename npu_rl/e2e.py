@@ -448,6 +448,15 @@ def check_sam(ev: Evidence) -> None:
         f"{SAM_METRICS}active at {len(active)}/{n} steps; draft tokens per step {_fmt(drafted)}; "
         f"acceptance per step {_fmt(acceptance)}; tokens per forward {_fmt(per_forward)}",
     )
+    sent = ev.series(SAM_METRICS + "history_rewards_sent")
+    if sent:  # the history ranked by the trainer's rewards (sam_history_rewards; npu_rl.spec_decode.rewards)
+        rated = ev.series(SAM_METRICS + "history_rated")
+        ev.add(
+            "SAM history rewards",
+            len(sent) == n and all(x > 0 for x in sent) and bool(rated) and rated[-1] > 0,
+            f"ratings sent per step {_fmt(sent)}; ratings that found their response (the store's count) "
+            f"{_fmt(rated) if rated else 'never reported'}",
+        )
 
 
 def check_long_tail_guard(ev: Evidence) -> None:

@@ -291,6 +291,29 @@ def test_sam_without_drafts_or_counts_fails(tmp_path, capsys, lines, why):
     assert "MISSING SAM: npu_rl/sam/active" in capsys.readouterr().out
 
 
+def _rated_step(n: int, sent: float, rated: float | None) -> str:
+    s = "npu_rl/sam/"
+    extra = {s + "history_rewards_sent": sent} | ({} if rated is None else {s + "history_rated": rated})
+    base = {s + "active": 1.0, s + "responses": 64.0, s + "drafted": 40.0, s + "acceptance": 0.5}
+    return _step(n, **base, **extra)
+
+
+@pytest.mark.parametrize(
+    "steps, ok",
+    [
+        ([(1, 64, None), (2, 64, 64), (3, 64, 128), (4, 64, 192)], True),  # the store's count lags a step
+        ([(1, 64, None), (2, 0, 64), (3, 64, 128), (4, 64, 192)], False),  # a step sent nothing (no actor)
+        ([(1, 64, None), (2, 64, None), (3, 64, None), (4, 64, None)], False),  # the store never answered
+        ([(1, 64, None), (2, 64, 0), (3, 64, 0), (4, 64, 0)], False),  # no rating found its response
+    ],
+)
+def test_sam_history_rewards_must_reach_the_store_at_every_step(tmp_path, capsys, steps, ok):
+    lines = [SAM_CONFIG, *(_rated_step(*s) for s in steps)]
+    assert e2e.main(["check", str(_run_dir(tmp_path, lines))]) == (0 if ok else 1)
+    out = capsys.readouterr().out
+    assert ("ok      SAM history rewards: ratings sent per step" if ok else "MISSING SAM history rewards") in out
+
+
 def test_long_tail_guard_without_metrics_falls_back_to_the_server_lines(tmp_path, capsys):
     lines = [_step(i) for i in range(1, 5)]
     assert e2e.main(["check", str(_run_dir(tmp_path, lines, GUARD_ON))]) == 1

@@ -189,6 +189,103 @@ def test_history_store_rules():
         HistoryStore(1, max_responses=0)
 
 
+def _recounted(s: HistoryStore) -> int:
+    from npu_rl.spec_decode.history import RESPONSE_OVERHEAD
+
+    return sum(r[2].nbytes + RESPONSE_OVERHEAD for e in s._prompts.values() for r in e.responses)
+
+
+def test_rewards_that_arrive_after_the_responses_rank_a_whole_group():
+    """A group of 32 (n > max_responses) stored unrated by the engine, then rated by the trainer: all 32
+    wait for their rewards, and the 16 best rated stay (without await_rewards, age alone would have
+    kept the newest 16 before any reward existed)."""
+    from npu_rl.spec_decode.history import rating
+
+    prompt = [7, 8, 9]
+    key = prompt_key(prompt)
+    responses = [[i] * 10 for i in range(32)]
+    rewards = [1.0 if i % 4 == 0 else 0.0 for i in range(32)]  # 8 right answers, among the oldest too
+    s = HistoryStore(1 << 20, max_responses=16, await_rewards=True)
+    age_only = HistoryStore(1 << 20, max_responses=16)
+    for r in responses:
+        s.add(key, r)
+        age_only.add(key, r)
+    assert s.stats()["unrated"] == 32 and s.stats()["responses"] == 32
+    assert age_only.stats()["responses"] == 16 and {int(x[0]) for x in age_only.get(key)} == set(range(16, 32))
+    s.rate_many([rating(prompt, r, w) for r, w in zip(responses, rewards, strict=True)])
+    got = [int(x[0]) for x in s.get(key)]
+    assert s.stats()["unrated"] == 0 and len(got) == 16
+    assert set(got[-8:]) == {0, 4, 8, 12, 16, 20, 24, 28}  # the right ones last (drafts continue them)
+    assert s.stats()["ratings"] == s.stats()["rated"] == 32 and s.nbytes == _recounted(s)
+
+
+def test_a_rating_finds_the_engines_longer_copy_and_cuts_it_to_the_response():
+    """The engine's copy of a response can run past its end (vLLM samples the last forward's drafts past
+    a stop): the rating names the response as the trainer saw it, matches the copy it begins, and cuts it."""
+    from npu_rl.spec_decode.history import rating
+
+    key = prompt_key([1])
+    s = HistoryStore(1 << 20, await_rewards=True)
+    s.add(key, [5, 6, 7, 8, 2, 9, 9])  # response 5 6 7 8 2, then 2 drafted tokens past the stop
+    s.add(key, [5, 6, 7, 3])
+    s.rate_many([rating([1], [5, 6, 7, 8, 2], 1.0), rating([1], [5, 6, 7, 3], 0.0)])
+    assert [x.tolist() for x in s.get(key)] == [[5, 6, 7, 3], [5, 6, 7, 8, 2]]
+    assert s.stats()["rated"] == 2 and s.nbytes == _recounted(s)
+    s.add(key, [5, 6, 7, 8, 2])  # the same response again: one copy, its reward kept
+    assert s.stats()["responses"] == 2 and s.get(key)[-1].tolist() == [5, 6, 7, 8, 2]
+
+
+def test_a_rating_that_arrives_before_its_response_waits_for_it(monkeypatch):
+    from npu_rl.spec_decode import history
+    from npu_rl.spec_decode.history import rating
+
+    k1, k2, k3 = prompt_key([1]), prompt_key([2]), prompt_key([3])
+    s = HistoryStore(1 << 20, await_rewards=True)
+    s.rate_many([rating([1], [4, 4], 1.0)])  # the engine has not sent it yet
+    assert s.stats()["ratings_waiting"] == 1 and s.stats()["rated"] == 0
+    s.add(k1, [3, 3])
+    s.add(k1, [4, 4, 4])  # arrives (with one token past its end)
+    assert s.stats()["ratings_waiting"] == 0 and s.stats()["rated"] == 1
+    assert [x.tolist() for x in s.get(k1)] == [[3, 3], [4, 4]]
+    monkeypatch.setattr(history, "MAX_EARLY", 2)
+    s.rate_many([rating([2], [1], 1.0), rating([3], [1], 1.0), rating([3], [2], 1.0)])
+    assert s.stats()["ratings_waiting"] == 2 and s.stats()["ratings_dropped"] == 1  # the oldest prompt's went
+    s.add(k2, [1])
+    s.add(k3, [2])
+    assert s.stats()["rated"] == 2
+
+
+def test_unrated_responses_are_capped_per_prompt_oldest_first():
+    key = prompt_key([1])
+    s = HistoryStore(1 << 20, max_responses=2, await_rewards=True, max_unrated=3)
+    for i in range(5):
+        s.add(key, [i + 1] * 4)
+    assert {int(x[0]) for x in s.get(key)} == {3, 4, 5} and s.replaced_responses == 2
+    with pytest.raises(ValueError, match="max_unrated"):
+        HistoryStore(1, max_unrated=0)
+
+
+def test_a_rating_hashes_only_its_own_prompts_responses(monkeypatch):
+    """Cost at the scale of a whole dataset of history: with 17,000 prompts cached, rating a step's
+    1,024 responses hashes at most the responses of their own prompts (counted, not timed)."""
+    from npu_rl.spec_decode import history
+    from npu_rl.spec_decode.history import rating
+
+    s = HistoryStore(1 << 30, max_responses=4, await_rewards=True)
+    for p in range(17_000):
+        for j in range(4):
+            s.add(prompt_key([p]), [p % 97, j, 1])
+    step = [rating([p], [p % 97, j, 1], 1.0) for p in range(256) for j in range(4)]
+    prefix = rating([5], [5, 0], 0.5)
+    calls = []
+    real = history.response_digest
+    monkeypatch.setattr(history, "response_digest", lambda t: calls.append(1) or real(t))
+    s.rate_many(step)
+    assert s.stats()["rated"] == 1024 and calls == []  # exact lengths: the stored digests answer
+    s.rate_many([prefix])  # a prefix: hashes at most that prompt's 4 responses
+    assert len(calls) <= 4
+
+
 @pytest.mark.parametrize("build", ["inline", "thread"])
 def test_history_reaches_another_replica_through_the_store_built_off_the_live_automaton(build):
     store = HistoryStore(64 << 20)
@@ -750,3 +847,61 @@ def test_a_backlogged_history_store_that_dies_loses_no_response_unaccounted(loca
     assert st["restarts"] == 1 and st["responses"] + st["lost_responses"] == n
     assert st["lost_responses"] == 0  # here every one was sent again in time
     ray.kill(h.actor)
+
+
+def test_with_no_history_actor_the_step_says_zero_sent_and_the_log_says_why(local_ray, tmp_path, capsys):
+    from npu_rl.spec_decode import rewards
+    from tests.test_sam_rewards_on_cpu import config, step_data
+
+    rewards._FEEDS.clear()
+    data = step_data([[1, 2]], [[3]], [[1.0]])
+    out = rewards.step_rewards(data, np.ones(1, bool), config(str(tmp_path / "no-engine-model")))
+    assert out == {"npu_rl/sam/history_rewards_sent": 0.0}
+    assert "no history actor" in capsys.readouterr().err
+    rewards.step_rewards(data, np.ones(1, bool), config(str(tmp_path / "no-engine-model")))
+    assert "no history actor" not in capsys.readouterr().err  # said once
+
+
+def test_the_trainers_rewards_rank_the_history_the_engines_stored(local_ray, tmp_path):
+    """Engine: a group of 32 (n > the 16 kept) finishes, each copy with a token past its end, and is
+    sent to the actor named as the proposer names it. Trainer: step_rewards with the step's rows (one
+    of them padding). The store then holds the 16 best rated, cut to the real responses, best last."""
+    from types import SimpleNamespace
+
+    from npu_rl.spec_decode import rewards
+    from npu_rl.spec_decode.config import ray_job_scope, resolve
+    from npu_rl.spec_decode.history import RayHistory
+    from npu_rl.spec_decode.vllm_proposer import _history_scope
+    from tests.test_sam_rewards_on_cpu import config, step_data
+
+    ray, _ = local_ray
+    rewards._FEEDS.clear()
+    model = str(tmp_path / "Qwen3-toy")
+    settings = resolve(4, None, None, None, None, 16, ray_job_scope(), None, env={})
+    assert settings.history_rewards  # on by default with the history
+    engine = RayHistory(
+        settings.history_bytes,
+        scope=_history_scope(settings, SimpleNamespace(model_config=SimpleNamespace(model=model))),
+        await_rewards=settings.history_rewards,
+    )
+    prompt = [11, 12, 13]
+    responses = [[i, i + 1, 2] for i in range(32)]  # 2: the stop token
+    wins = {0, 5, 10, 15, 20, 25}  # right answers, the oldest among them
+    for r in responses:
+        engine.add(prompt_key(prompt), [*r, 99])  # the engine's copy: one drafted token past the stop
+    engine.flush()
+    rows = [*responses, [7]]  # a padding row last
+    data = step_data([prompt] * 33, rows, [[0.0, 0.0, 1.0 if i in wins else 0.0] for i in range(32)] + [[5.0]])
+    keep = np.array([True] * 32 + [False])
+    out = rewards.step_rewards(data, keep, config(model))
+    assert out["npu_rl/sam/history_rewards_sent"] == 32.0
+    deadline = time.monotonic() + 60
+    while engine.stats()["rated"] < 32 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    st = engine.stats()
+    assert (st["ratings"], st["rated"], st["unrated"], st["responses"]) == (32, 32, 0, 16)
+    got = ray.get(engine.actor.get.remote(prompt_key(prompt)))
+    assert [g.tolist() for g in got[-len(wins) :]] == [[i, i + 1, 2] for i in sorted(wins)]  # cut, best last
+    assert all(g.tolist()[-1] == 2 for g in got)
+    later = rewards.step_rewards(step_data([prompt], [responses[1]], [[0.0]]), np.ones(1, bool), config(model))
+    assert later["npu_rl/sam/history_ratings"] >= 32  # the store's counters, as of its last answer

@@ -62,6 +62,20 @@ def test_issue20_keys_are_accepted_planned_and_checked():
     assert "valid boolean" in e[f"{S}.sam_adaptive_k"].message
 
 
+def test_history_rewards_are_planned_and_a_trainer_that_sends_none_is_named():
+    r, e = errors(*SAM, f"+{S}.sam_history_mb=64")
+    assert not e, r.render()
+    assert "history 64 MiB, ranked by the trainer's rewards" in dict(r.plan)["spec decode"]
+    r, e = errors(*SAM, f"+{S}.sam_history_mb=64", f"+{S}.sam_history_rewards=false")
+    assert not e and "ranked by age (sam_history_rewards=false)" in dict(r.plan)["spec decode"], r.render()
+    _, e = errors(*SAM, f"+{S}.sam_history_mb=64", f"+{S}.sam_history_rewards=maybe")  # vLLM's field type
+    assert "valid boolean" in e[f"{S}.sam_history_rewards"].message
+    r, _ = errors(*SAM, f"+{S}.sam_history_mb=64", "trainer.use_v1=false")
+    w = {p.key: p for p in r.report.warnings}[f"{S}.sam_history_rewards"]
+    assert "legacy trainer" in w.message and w.fix == f"set {S}.sam_history_rewards=false"
+    assert "ranked by age" in dict(r.plan)["spec decode"]
+
+
 def test_bad_sam_values_name_the_key():
     _, e = errors(*SAM, f"+{S}.sam_batch_size_threshold=sometimes", f"+{S}.sam_group_corpus_mb=-1")
     assert "'always' or 'never'" in e[f"{S}.sam_batch_size_threshold"].message

@@ -159,7 +159,14 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         report.warn(key, msg, fix)
     if any(f.config and f.config[0] == f"{checks.A}.recompute_old_log_prob" for f in feats.on):
         checks.check_skip_old_log_prob(cfg, report)
-    sam_plan = check_spec_decode(cfg, env, report)  # "SAM k=..., drafts while ..., history ..." when on
+    no_rewards = (
+        f"the {cli.trainer} trainer does not send them (only verl's V1 trainer does, verl patch 0012)"
+        if separate
+        else ""
+        if sel(cfg, "trainer.use_v1", True)
+        else "the legacy trainer (trainer.use_v1=false) does not send them (only verl's V1 trainer does)"
+    )
+    sam_plan = check_spec_decode(cfg, env, report, no_rewards)  # "SAM k=..., drafts while ..., history ..." when on
     check_rollout_rebalance(cfg, env, report)
     with memo.stage("libraries", report) as run:
         if run:

@@ -8,6 +8,7 @@ engine and the settings SAM cannot run with.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from npu_rl.preflight.checks import R, sel
 from npu_rl.preflight.report import Report
@@ -15,8 +16,11 @@ from npu_rl.settings import SettingsError
 from npu_rl.spec_decode.config import ENV_ALIAS, KEYS, PREFIX, resolve
 
 
-def check_spec_decode(cfg, env: Mapping[str, str], report: Report) -> str | None:
-    """Check the SAM keys of a composed config; return a plan line ("k=3, gate <= 32, ...") when SAM is on."""
+def check_spec_decode(cfg, env: Mapping[str, str], report: Report, no_rewards: str = "") -> str | None:
+    """Check the SAM keys of a composed config; return a plan line ("k=3, gate <= 32, ...") when SAM is on.
+
+    ``no_rewards``: why the job's trainer sends the history no rewards ("": it does, verl's V1 trainer
+    through patch 0012); with ``sam_history_rewards`` on, that is a warning naming the key."""
     spec = sel(cfg, PREFIX, None)
     method = str(sel(cfg, f"{PREFIX}.method", "") or "")
     if method.lower() != "sam":
@@ -58,6 +62,14 @@ def check_spec_decode(cfg, env: Mapping[str, str], report: Report) -> str | None
     # async_scheduling=True with SAM: vLLM's VllmConfig refuses it (npu_rl.preflight.libraries).
     if isinstance(spec, Mapping) and spec.get("prompt_lookup_max") is not None:
         report.warn(f"{PREFIX}.prompt_lookup_max", "is an n-gram setting: the SAM drafter ignores it")
+    if settings.history_bytes and settings.history_rewards and no_rewards:
+        report.warn(
+            f"{PREFIX}.sam_history_rewards",
+            f"is on (the default with sam_history_mb), but {no_rewards}: the history waits for rewards that never "
+            "come and is ranked by age",
+            f"set {PREFIX}.sam_history_rewards=false",
+        )
+        settings = replace(settings, history_rewards=False)
     gate = {0: "never (gate 'never')"}.get(
         settings.max_batch,
         "at every batch size" if settings.max_batch >= 1 << 62 else f"while running batch <= {settings.max_batch}",
@@ -68,4 +80,9 @@ def check_spec_decode(cfg, env: Mapping[str, str], report: Report) -> str | None
         f"adaptive k {'on' if settings.adaptive_k else 'off'}, history "
         + (f"{settings.history_bytes >> 20} MiB" if settings.history_bytes else "off")
         + (f" (scope {settings.history_scope})" if settings.history_bytes and settings.history_scope else "")
+        + (_ranking(settings.history_rewards) if settings.history_bytes else "")
     )
+
+
+def _ranking(rewards: bool) -> str:
+    return ", ranked by the trainer's rewards" if rewards else ", ranked by age (sam_history_rewards=false)"

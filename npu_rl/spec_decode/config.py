@@ -16,6 +16,10 @@ Users switch SAM on with ``speculative_config.method=sam`` and ``num_speculative
   fully accepted draft, halves after a miss, within [1, num_speculative_tokens]). Default off.
 - ``sam_history_mb``: MiB for the history corpus (earlier rounds' responses of the same prompt,
   :mod:`npu_rl.spec_decode.history`); 0 (default) turns it off. Needs the group corpus.
+- ``sam_history_rewards``: rank each prompt's history by the rewards the trainer gives its responses
+  (verl patch 0012 sends them after each step; :mod:`npu_rl.spec_decode.rewards`): the best
+  rewarded response is the one a draft continues, and a wrong one is dropped first. Default true
+  when the history is on; false ranks by age only (the newest first).
 - ``sam_history_scope``: engines with the same scope (and model and ``sam_history_mb``) share one
   history store. Unset: the Ray job of the process that builds the engine's config (verl's rollout
   server, :func:`configure_speculative_config` fills it in), so concurrent jobs on one Ray cluster
@@ -50,6 +54,7 @@ KEYS = (
     "sam_adaptive_k",
     "sam_history_mb",
     "sam_history_scope",
+    "sam_history_rewards",
 )
 NO_LIMIT = 1 << 62
 MAX_SCOPE_CHARS = 128
@@ -66,6 +71,7 @@ class SamSettings:
     adaptive_k: bool = False
     history_bytes: int = 0
     history_scope: str = ""
+    history_rewards: bool = False
 
 
 def parse_threshold(value: object, key: str = "sam_batch_size_threshold") -> int:
@@ -99,6 +105,7 @@ def resolve(
     adaptive_k: object = None,
     history_mb: object = None,
     history_scope: object = None,
+    history_rewards: object = None,
     env: Mapping[str, str] | None = None,
 ) -> SamSettings:
     """Check and resolve the SAM keys (None = not set). Raises ValueError naming the offending key
@@ -141,6 +148,13 @@ def resolve(
             f"sam_history_scope={scope!r} must be a non-empty string of at most {MAX_SCOPE_CHARS} characters (engines "
             "with the same scope share a history store); leave it unset for one store per Ray job"
         )
+    hr = hmb > 0 if history_rewards is None else history_rewards
+    if isinstance(hr, str) and hr.strip().lower() in ("true", "false"):
+        hr = hr.strip().lower() == "true"
+    if not isinstance(hr, bool):
+        raise ValueError(
+            f"sam_history_rewards={hr!r} must be true or false (rank the history by the trainer's rewards)"
+        )
     return SamSettings(
         k=k,
         max_batch=max_batch,
@@ -149,6 +163,7 @@ def resolve(
         adaptive_k=ak,
         history_bytes=int(hmb * (1 << 20)),
         history_scope=scope,
+        history_rewards=hr and hmb > 0,
     )
 
 
@@ -162,7 +177,8 @@ def from_speculative_config(cfg: object, env: Mapping[str, str] | None = None) -
         getattr(cfg, "sam_adaptive_k", None),
         getattr(cfg, "sam_history_mb", None),
         getattr(cfg, "sam_history_scope", None),
-        env,
+        getattr(cfg, "sam_history_rewards", None),
+        env=env,
     )
 
 

@@ -9,6 +9,16 @@ per prompt key, with
   one, the lowest ``(reward, age)``: lowest reward first (``None`` counts as 0), oldest among equals;
 - eviction over the cap: whole prompts, least recently used (added to or read) first.
 
+Rewards come from the trainer, after the engine has stored the response (issue 34, item 5): with
+``await_rewards`` the store holds a response the engine sends without a reward as *unrated* (at most
+``max_unrated`` per prompt, oldest dropped first; they do not count against ``max_responses``) until
+:meth:`HistoryStore.rate_many` gives it one, then ranks it with the rated ones. A rating names the
+response by its prompt key, its length and the digest of its tokens as the trainer saw them
+(:func:`rating`: 36 bytes, no tokens sent again); the engine's copy may run past the response's end by
+up to k tokens (vLLM samples the last forward's drafts past a stop), so a rating matches the stored
+response it is a prefix of, and cuts it to the real response. A rating that arrives before its
+response (the engine sends finished outputs at its next step) waits, at most :data:`MAX_EARLY` of them.
+
 :meth:`HistoryStore.get` returns a prompt's responses in the order the drafter inserts them: weakest
 first, so the best rewarded and newest response is the *latest* occurrence, the one a "recent"
 draft continues (this is the reward weighting: with ``reward_weighted=False`` only age counts).
@@ -37,6 +47,7 @@ from typing import Any
 import numpy as np
 
 RESPONSE_OVERHEAD = 64  # bytes charged per stored response (array header, bookkeeping)
+MAX_EARLY = 1 << 16  # ratings held for responses not stored yet (oldest dropped first)
 ACTOR_NAME = "npu_rl_sam_history"
 ACTOR_NAMESPACE = "npu_rl"
 
@@ -47,10 +58,20 @@ def response_digest(tokens) -> bytes:
     return hashlib.blake2b(np.ascontiguousarray(tokens, np.int32).tobytes(), digest_size=16).digest()
 
 
+def rating(prompt_ids, response_ids, reward: float) -> tuple[bytes, int, bytes, float]:
+    """What the trainer sends :meth:`HistoryStore.rate_many` for one response: (prompt key, response
+    length in tokens, :func:`response_digest` of the response, reward). ``prompt_ids`` are the prompt's
+    token ids as the engine got them (no padding), ``response_ids`` the response's (no padding)."""
+    from npu_rl.spec_decode.corpus import prompt_key
+
+    response = np.ascontiguousarray(response_ids, np.int32).reshape(-1)
+    return prompt_key(prompt_ids), int(response.shape[0]), response_digest(response), float(reward)
+
+
 @dataclass
 class _Entry:
-    # (reward, seq, tokens, digest of the whole response)
-    responses: list[tuple[float, int, np.ndarray, bytes]] = field(default_factory=list)
+    # (reward or None while unrated, seq, tokens, digest of the whole response)
+    responses: list[tuple[float | None, int, np.ndarray, bytes]] = field(default_factory=list)
     nbytes: int = 0
 
 
@@ -70,20 +91,32 @@ class HistoryStore:
         max_responses: int = 16,
         reward_weighted: bool = True,
         max_tokens_per_prompt: int = 1 << 14,
+        await_rewards: bool = False,
+        max_unrated: int = 64,
     ):
         if budget_bytes < 0:
             raise ValueError(f"budget_bytes={budget_bytes} must be >= 0 (0 keeps no history)")
         if max_responses < 1:
             raise ValueError(f"max_responses={max_responses} must be >= 1")
+        if max_unrated < 1:
+            raise ValueError(f"max_unrated={max_unrated} must be >= 1")
         self.budget_bytes = int(budget_bytes)
         self.max_responses = int(max_responses)
         self.reward_weighted = bool(reward_weighted)
         self.max_tokens_per_prompt = int(max_tokens_per_prompt)
+        self.await_rewards = bool(await_rewards)
+        self.max_unrated = int(max_unrated)
         self._prompts: OrderedDict[bytes, _Entry] = OrderedDict()
         self._seq = itertools.count()
         self.nbytes = 0
         self.evicted_prompts = 0
         self.replaced_responses = 0
+        # ratings of responses not stored yet: prompt key -> [(length, digest, reward)], oldest key first
+        self._early: OrderedDict[bytes, list[tuple[int, bytes, float]]] = OrderedDict()
+        self._n_early = 0
+        self.ratings = 0  # ratings received
+        self.rated = 0  # ratings that found their response (at once, or when it arrived)
+        self.early_dropped = 0  # ratings whose response never arrived within MAX_EARLY later ratings
 
     def __len__(self) -> int:
         return len(self._prompts)
@@ -91,11 +124,13 @@ class HistoryStore:
     def __contains__(self, key: bytes) -> bool:
         return key in self._prompts
 
-    def _weight(self, item: tuple[float, int, np.ndarray]) -> tuple[float, int]:
-        return (item[0], item[1]) if self.reward_weighted else (0.0, item[1])
+    def _weight(self, item: tuple) -> tuple[float, int]:
+        reward = 0.0 if item[0] is None else item[0]
+        return (reward, item[1]) if self.reward_weighted else (0.0, item[1])
 
     def add(self, key: bytes, tokens, reward: float | None = None) -> None:
-        """Store one response (token ids, no prompt) of prompt ``key``; ``reward`` None counts as 0."""
+        """Store one response (token ids, no prompt) of prompt ``key``; ``reward`` None counts as 0, or,
+        with ``await_rewards``, leaves the response unrated until :meth:`rate_many` rates it."""
         tokens = np.array(tokens, dtype=np.int32, copy=True).reshape(-1)
         if self.budget_bytes == 0 or tokens.shape[0] == 0:
             return
@@ -106,24 +141,112 @@ class HistoryStore:
         digest = response_digest(tokens)
         for i, (r, seq, old, dg) in enumerate(entry.responses):  # the same response again (every TP
             if dg == digest:  # rank sends it): keep one copy
-                if reward is not None and float(reward) > r:
+                if reward is not None and (r is None or float(reward) > r):
                     entry.responses[i] = (float(reward), seq, old, dg)
                 return
-        item = (0.0 if reward is None else float(reward), next(self._seq), tokens, digest)
+        if reward is None and not self.await_rewards:
+            reward = 0.0
+        item = (None if reward is None else float(reward), next(self._seq), tokens, digest)
         cost = tokens.nbytes + RESPONSE_OVERHEAD
         entry.responses.append(item)
         entry.nbytes += cost
         self.nbytes += cost
-        if len(entry.responses) > self.max_responses:
-            weakest = min(range(len(entry.responses)), key=lambda i: self._weight(entry.responses[i]))
-            gone = entry.responses.pop(weakest)
-            entry.nbytes -= gone[2].nbytes + RESPONSE_OVERHEAD
-            self.nbytes -= gone[2].nbytes + RESPONSE_OVERHEAD
-            self.replaced_responses += 1
+        if item[0] is None and key in self._early:
+            self._apply_early(key, entry)
+        self._trim(entry)
+        self._fit()
+
+    def _drop(self, entry: _Entry, i: int, replaced: bool = True) -> None:
+        gone = entry.responses.pop(i)
+        entry.nbytes -= gone[2].nbytes + RESPONSE_OVERHEAD
+        self.nbytes -= gone[2].nbytes + RESPONSE_OVERHEAD
+        self.replaced_responses += replaced
+
+    def _trim(self, entry: _Entry) -> None:
+        """The per-prompt caps: the weakest rated response over ``max_responses``, the oldest unrated
+        one over ``max_unrated`` (a prompt holds at most ``max_responses + max_unrated``)."""
+        rated = [i for i, r in enumerate(entry.responses) if r[0] is not None]
+        while len(rated) > self.max_responses:
+            weakest = min(rated, key=lambda i: self._weight(entry.responses[i]))
+            self._drop(entry, weakest)
+            rated = [i for i, r in enumerate(entry.responses) if r[0] is not None]
+        unrated = [i for i, r in enumerate(entry.responses) if r[0] is None]
+        while len(unrated) > self.max_unrated:
+            self._drop(entry, min(unrated, key=lambda i: entry.responses[i][1]))
+            unrated = [i for i, r in enumerate(entry.responses) if r[0] is None]
+
+    def _fit(self) -> None:
         while self.nbytes > self.budget_bytes and self._prompts:
             _, old = self._prompts.popitem(last=False)
             self.nbytes -= old.nbytes
             self.evicted_prompts += 1
+
+    def _match(self, entry: _Entry, length: int, digest: bytes) -> int | None:
+        """The index of the stored response whose first ``length`` tokens have ``digest`` (an unrated one
+        first), or None. An exact stored digest is checked before any prefix is hashed."""
+        best = None
+        for i, (r, _, tokens, dg) in enumerate(entry.responses):
+            n = tokens.shape[0]
+            if n < length:
+                continue
+            same = dg == digest if n == length else response_digest(tokens[:length]) == digest
+            if same and r is None:
+                return i
+            if same and best is None:
+                best = i
+        return best
+
+    def _rate(self, entry: _Entry, i: int, length: int, digest: bytes, reward: float) -> None:
+        r, seq, tokens, dg = entry.responses[i]
+        if tokens.shape[0] > length:  # the engine's copy ran past the response: keep the response only
+            cut = tokens[:length].copy()
+            entry.nbytes -= tokens.nbytes - cut.nbytes
+            self.nbytes -= tokens.nbytes - cut.nbytes
+            tokens, dg = cut, digest
+        kept = entry.responses[i] = (reward if r is None else max(r, reward), seq, tokens, dg)
+        self.rated += 1
+        for j in range(len(entry.responses) - 1, -1, -1):  # the cut copy may equal another stored one
+            if entry.responses[j] is not kept and entry.responses[j][3] == dg:
+                self._drop(entry, j, replaced=False)
+
+    def _apply_early(self, key: bytes, entry: _Entry) -> None:
+        waiting = self._early[key]
+        keep = []
+        for length, digest, reward in waiting:
+            i = self._match(entry, length, digest)
+            if i is None:
+                keep.append((length, digest, reward))
+            else:
+                self._rate(entry, i, length, digest, reward)
+        self._n_early -= len(waiting) - len(keep)
+        if keep:
+            self._early[key] = keep
+        else:
+            del self._early[key]
+
+    def rate_many(self, items: list[tuple[bytes, int, bytes, float]]) -> None:
+        """Give stored responses their rewards: ``items`` are :func:`rating` tuples (prompt key, length,
+        digest of the response's tokens, reward). A rated response keeps its best reward; one cut by the
+        per-prompt cap or the budget is gone, and its rating is counted in ``ratings`` only; a rating
+        whose response has not arrived waits for it (see the module docstring)."""
+        touched = {}
+        for key, length, digest, reward in items:
+            self.ratings += 1
+            entry = self._prompts.get(key)
+            i = None if entry is None else self._match(entry, int(length), digest)
+            if i is not None:
+                self._rate(entry, i, int(length), digest, float(reward))
+                touched[key] = entry
+                continue
+            self._early.setdefault(key, []).append((int(length), digest, float(reward)))
+            self._early.move_to_end(key)
+            self._n_early += 1
+            while self._n_early > MAX_EARLY:
+                _, gone = self._early.popitem(last=False)
+                self._n_early -= len(gone)
+                self.early_dropped += len(gone)
+        for entry in touched.values():
+            self._trim(entry)
 
     def add_many(self, items: list[tuple[bytes, np.ndarray, float | None]]) -> None:
         """:meth:`add` for several (key, tokens, reward) (one round trip when the store is an actor)."""
@@ -163,7 +286,21 @@ class HistoryStore:
             "budget_bytes": self.budget_bytes,
             "evicted_prompts": self.evicted_prompts,
             "replaced_responses": self.replaced_responses,
+            "unrated": sum(r[0] is None for e in self._prompts.values() for r in e.responses),
+            "ratings": self.ratings,
+            "rated": self.rated,
+            "ratings_waiting": self._n_early,
+            "ratings_dropped": self.early_dropped,
         }
+
+
+def actor_name(scope: str, model: str, history_bytes: int) -> str:
+    """The name of the history actor that engines of ``model`` with ``sam_history_scope`` ``scope`` (the
+    resolved one: the Ray job's when the key is unset) and a history budget of ``history_bytes`` share:
+    :data:`ACTOR_NAME` plus a digest of the three. The engine (its proposer) and the trainer (which
+    sends the rewards, :mod:`npu_rl.spec_decode.rewards`) both name it with this."""
+    key = f"{scope}\0{model}\0{history_bytes}"
+    return f"{ACTOR_NAME}.{hashlib.blake2b(key.encode(), digest_size=6).hexdigest()}"
 
 
 class LocalHistory:
@@ -226,13 +363,21 @@ class RayHistory:
     MAX_PENDING = 64
     MAX_BUFFERED = 4096
 
-    def __init__(self, budget_bytes: int, max_responses: int = 16, reward_weighted: bool = True, scope: str = ""):
+    def __init__(
+        self,
+        budget_bytes: int,
+        max_responses: int = 16,
+        reward_weighted: bool = True,
+        scope: str = "",
+        await_rewards: bool = False,
+    ):
         import ray
 
         self._ray = ray
         self.name = f"{ACTOR_NAME}.{scope}" if scope else ACTOR_NAME
         self.where = f"Ray actor {ACTOR_NAMESPACE}/{self.name} (every replica, ends with the job)"
         self._args = (budget_bytes, max_responses, reward_weighted)
+        self._kwargs = {"await_rewards": await_rewards}
         self._cls = ray.remote(num_cpus=0)(HistoryStore)
         self.restarts = 0  # deaths noticed (each one replaced the actor)
         self.unavailable = 0  # calls that failed with ActorUnavailableError
@@ -244,7 +389,9 @@ class RayHistory:
         self.actor = self._get_or_create()
 
     def _get_or_create(self):
-        return self._cls.options(name=self.name, namespace=ACTOR_NAMESPACE, get_if_exists=True).remote(*self._args)
+        return self._cls.options(name=self.name, namespace=ACTOR_NAMESPACE, get_if_exists=True).remote(
+            *self._args, **self._kwargs
+        )
 
     def _warn(self, what: str) -> None:
         from npu_rl import worker_log

@@ -17,7 +17,6 @@ unchanged.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from types import SimpleNamespace
@@ -28,7 +27,7 @@ import numpy as np
 from npu_rl import worker_log
 from npu_rl.spec_decode.config import SamSettings, from_speculative_config
 from npu_rl.spec_decode.corpus import SamDrafter
-from npu_rl.spec_decode.history import ACTOR_NAMESPACE, HistoryStore, LocalHistory, RayHistory
+from npu_rl.spec_decode.history import ACTOR_NAME, ACTOR_NAMESPACE, HistoryStore, LocalHistory, RayHistory, actor_name
 
 STATS_EVERY_S = 60.0  # the proposer logs its drafter's counters at most this often
 
@@ -68,6 +67,8 @@ class SamProposer:
             scope = ""
             if isinstance(self.drafter.history, RayHistory):
                 scope = f", scope {self.settings.history_scope or 'none: shared with every such engine of this model'}"
+                if self.settings.history_rewards:
+                    scope += ", ranked by the trainer's rewards (sam_history_rewards)"
             mib = self.settings.history_bytes >> 20
             worker_log(f"SAM history corpus: {self.drafter.history.where}, {mib} MiB{scope}")
         _compile()  # numba compiles (or loads its cache) here, not in the first decode step
@@ -224,7 +225,12 @@ def _history(settings: SamSettings, vllm_config: Any = None):
         return None
     why = _connect_ray()
     if why is None:
-        return RayHistory(settings.history_bytes, reward_weighted=True, scope=_history_scope(settings, vllm_config))
+        return RayHistory(
+            settings.history_bytes,
+            reward_weighted=True,
+            scope=_history_scope(settings, vllm_config),
+            await_rewards=settings.history_rewards,
+        )
     worker_log(
         f"warning: SAM history: {why}, so this engine keeps an in-process store, which reaches only prompts it "
         "serves again (set RAY_ADDRESS to the cluster's address for the cluster-wide store)"
@@ -239,8 +245,7 @@ def _history_scope(settings: SamSettings, vllm_config: Any) -> str:
     and the history budget. The engines of one job agree on all three; another job on the same
     cluster gets its own store."""
     model = str(getattr(getattr(vllm_config, "model_config", None), "model", ""))
-    key = f"{settings.history_scope}\0{model}\0{settings.history_bytes}"
-    return hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
+    return actor_name(settings.history_scope, model, settings.history_bytes).removeprefix(ACTOR_NAME + ".")
 
 
 def _connect_ray() -> str | None:
