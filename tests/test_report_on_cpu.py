@@ -146,3 +146,31 @@ def test_a_dry_run_names_a_ray_node_that_stops_while_it_looks(tmp_path, monkeypa
     launcher.resolve(dry_run=True)
     node = "pid 7 (user u), GCS 192.0.2.7:6379"
     assert f"note: the real run would stop here: a Ray node already runs here ({node})" in lines
+
+
+def test_two_runs_are_compared_step_by_step_and_an_unlogged_metric_is_named(tracked_run, tmp_path, capsys):
+    """--compare: one column per run, '-' where a run did not log the step, a PNG panel per metric."""
+    other = tmp_path / "other"
+    other.mkdir()
+    lines = [
+        f'{{"step": {i}, "data": {{"critic/score/mean": {0.5 * i}, "npu_rl/sam/acceptance": 0.1}}}}' for i in (1, 2, 5)
+    ]
+    (other / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    png = tmp_path / "cmp.png"
+    args = ["--compare", str(tracked_run), str(other), "--label", "a", "--label", "b", "--out", str(png)]
+    assert report_cli.main([*args, "--metric", "critic/score/mean"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "| step | a | b |" in out
+        and "| 1 | 0.1 | 0.5 |" in out
+        and "| 4 | 0.4 | - |" in out
+        and "| 5 | - | 2.5 |" in out
+    )
+    assert png.read_bytes()[:8] == PNG
+    assert report_cli.main([*args, "--metric", "npu_rl/sam/acceptance_typo"]) != 0
+    assert (
+        "no run logged npu_rl/sam/acceptance_typo (keys under npu_rl/sam/: npu_rl/sam/acceptance)"
+        in capsys.readouterr().err
+    )
+    assert report_cli.main([*args[:-2], "--label", "c", "--metric", "critic/score/mean"]) != 0  # 3 labels, 2 runs
+    assert "one label per run" in capsys.readouterr().err

@@ -1,5 +1,8 @@
 """A run report a user can read: ``python -m npu_rl.report RUN_DIR [--chance P] [--out DIR]``.
 
+``python -m npu_rl.report --compare RUN_A RUN_B --label A --label B --metric KEY... [--out PNG]`` prints
+the runs' metrics side by side per step and draws them (:func:`compare`).
+
 Writes ``report.md`` and PNGs (matplotlib, Agg backend) into ``RUN_DIR/report/`` (or ``--out``):
 
 - ``learning.png``: the training reward per step (``critic/score/mean``) and the validation score at
@@ -389,13 +392,76 @@ def write_report(run_dir: Path, out: Path | None = None, chance: float | None = 
     return md
 
 
+def compare(runs: list[tuple[str, Run]], keys: list[str], out: Path) -> tuple[str, bool]:
+    """Runs side by side, step by step: a markdown table per metric (a column per run, "-" where a run
+    did not log the step) and, into ``out`` (a PNG), one panel per metric with a line per run.
+
+    Returns (the tables, whether a figure was drawn: False when no run logged any of ``keys``).
+
+    Raises:
+        ReportError: a metric that none of the runs logged (names it and what each run logged of its prefix).
+    """
+    lines, drawn = [], []
+    for key in keys:
+        per_run = [(label, dict(zip(*run.series(key), strict=True))) for label, run in runs]
+        if not any(vals for _, vals in per_run):
+            prefix = key.rsplit("/", 1)[0] + "/"
+            near = sorted({k for _, run in runs for k in run.keys() if k.startswith(prefix)})[:8]
+            raise ReportError(f"no run logged {key} (keys under {prefix}: {', '.join(near) or 'none'})")
+        steps = sorted({s for _, vals in per_run for s in vals})
+        lines += [f"### {key}", "", "| step | " + " | ".join(label for label, _ in per_run) + " |"]
+        lines.append("|---:|" + "---:|" * len(per_run))
+        for step in steps:
+            cells = [_f(vals[step]) if step in vals else "-" for _, vals in per_run]
+            lines.append(f"| {step} | " + " | ".join(cells) + " |")
+        lines.append("")
+        drawn.append((key, per_run))
+    plt = _plt()
+    fig, axes = plt.subplots(len(drawn), 1, figsize=(7, 2.6 * len(drawn)), squeeze=False)
+    for ax, (key, per_run) in zip(axes[:, 0], drawn, strict=True):
+        for label, vals in per_run:
+            xs = sorted(vals)
+            ax.plot(xs, [vals[x] for x in xs], marker=".", label=label)
+        ax.set_title(key, fontsize="medium")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small")
+    axes[-1, 0].set_xlabel("training step")
+    _save(plt, fig, out)
+    return "\n".join(lines), True
+
+
+def _compare_main(a: argparse.Namespace) -> int:
+    labels = a.label or [Path(d).name for d in a.compare]
+    if len(labels) != len(a.compare):
+        raise UsageError(f"--label given {len(labels)} time(s) for {len(a.compare)} run(s): one label per run")
+    if not a.metric:
+        raise UsageError("--compare needs --metric KEY (one or more training metrics, e.g. npu_rl/sam/acceptance)")
+    runs = [(label, load(Path(d))) for label, d in zip(labels, a.compare, strict=True)]
+    out = Path(a.out) if a.out else Path("compare.png")
+    tables, _ = compare(runs, a.metric, out)
+    print(tables)
+    print(f"figure: {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m npu_rl.report", description=__doc__.split("\n\n")[0])
-    p.add_argument("run_dir", type=Path, help="the run's directory (LOG_DIR/<time>-<recipe>)")
-    p.add_argument("--out", type=Path, help="where to write report.md and the PNGs (default RUN_DIR/report)")
+    p.add_argument("run_dir", type=Path, nargs="?", help="the run's directory (LOG_DIR/<time>-<recipe>)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="where to write report.md and the PNGs (default RUN_DIR/report); with --compare, the PNG",
+    )
     p.add_argument("--chance", type=float, help="the task's chance score, drawn on the learning curve")
+    p.add_argument("--compare", nargs="+", metavar="RUN_DIR", help="runs to compare step by step (instead of RUN_DIR)")
+    p.add_argument("--label", action="append", help="with --compare: a run's label, once per run in order")
+    p.add_argument("--metric", nargs="+", help="with --compare: the training metrics to compare")
     a = p.parse_args(argv)
     try:
+        if a.compare:
+            return _compare_main(a)
+        if a.run_dir is None:
+            raise UsageError("give RUN_DIR (a run's report) or --compare RUN_DIR ... --metric KEY ...")
         if a.chance is not None and not 0 <= a.chance <= 1:
             raise UsageError(f"--chance {a.chance}: a score between 0 and 1")
         md = write_report(a.run_dir, a.out, a.chance)
