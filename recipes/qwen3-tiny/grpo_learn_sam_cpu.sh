@@ -9,8 +9,10 @@
 #   bash ray_start_npu.sh recipes/qwen3-tiny/grpo_learn_sam_cpu.sh recipes/qwen3-tiny/env_cpu_learn.sh
 # Env: env_cpu_learn.sh
 # Evidence: python -m npu_rl.e2e check RUN_DIR --min-steps 20 --learned 0.1 (SAM's check included);
-# the report: python -m npu_rl.report RUN_DIR --chance 0.1. Measured: docs/spec_decode.md, "In a
-# learning run". Not in CI (the CPU main job's time budget); k, history and the gate are switches.
+# the report: python -m npu_rl.report RUN_DIR --chance 0.1. Measured (docs/spec_decode.md, "In a
+# learning run", 2026-12-07): acceptance 0.03 at step 1 -> 0.22 at step 20, validation 0 -> 1.0, 9 min;
+# the history ranked by the trainer's rewards (sam_history_rewards, the default) or by age accepted
+# alike. Not in CI (the CPU main job's time budget); k, history and the gate are switches.
 # SAM drafts at any batch size here (the gate "always"): every response is 8 tokens and the 512
 # requests of a replica run in step, so the default gate (32 running) would draft almost never.
 set -euo pipefail
