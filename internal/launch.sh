@@ -152,9 +152,26 @@ launch::_changed() {
     printf '%s' "${out[*]}"
 }
 
+# Values the user's shell had that the ENV_SCRIPT replaced (not extended: PATH=$PATH:... keeps the
+# old value inside the new one), one warning each: `NNODES=2 bash ray_start_npu.sh ...` with an env
+# script that hard-sets NNODES=1 would otherwise run one node without a word.
+launch::_warn_replaced() {
+    local env_script="$1" n
+    for n in "${!_NRL_SHELL[@]}"; do
+        [[ -n "${_NRL_SHELL[$n]}" ]] || continue
+        if [[ -n "${!n+set}" && "${!n}" != *"${_NRL_SHELL[$n]}"* ]]; then
+            common::log "warning: ENV_SCRIPT $env_script replaced $n=${_NRL_SHELL[$n]:0:80} (set in your shell) with ${!n:0:80}; the env script's value is used. To keep yours, the env script must default it: export $n=\"\${$n:-...}\""
+        fi
+    done
+}
+
 launch::load_env() {
-    local env_script="${1:-}" file sourced=()
+    local env_script="${1:-}" file sourced=() n
     NPU_RL_FROM_SHELL="$(compgen -e | grep -vx NPU_RL_ROOT | tr '\n' ' ')" # NPU_RL_ROOT: common.sh's
+    declare -gA _NRL_SHELL=()
+    for n in $NPU_RL_FROM_SHELL; do
+        _NRL_SHELL[$n]="${!n-}"
+    done
     launch::_snapshot
     launch::defaults
     NPU_RL_FROM_DEFAULTS="$(launch::_changed)"
@@ -196,6 +213,7 @@ launch::load_env() {
             exit 2
         fi
         unset NPU_RL_SOURCING_ENV
+        launch::_warn_replaced "$env_script"
         PYTHONPATH=":$PYTHONPATH:"
         PYTHONPATH="${PYTHONPATH//:$guard:/:}"
         PYTHONPATH="${PYTHONPATH#:}"

@@ -95,6 +95,18 @@ class NodesMissing(LaunchError):
     exit_code = 75
 
 
+class NodeLost(LaunchError):
+    """A node of the job left the Ray cluster during the run (killed, rebooted, its network gone)."""
+
+    exit_code = 75
+
+
+class StackMismatch(LaunchError):
+    """A node runs another sources.lock, patch series, npu_rl or recipe than the head."""
+
+    exit_code = 78
+
+
 class PreflightError(NpuRlError):
     """The preflight rejected the recipe; the message lists every problem with its key and fix."""
 

@@ -12,8 +12,10 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -22,9 +24,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from npu_rl import REPO_ROOT
-from npu_rl.errors import LaunchError, NodesMissing, NpuRlError, TopologyError
+from npu_rl.errors import LaunchError, NodeLost, NodesMissing, NpuRlError, StackMismatch, TopologyError
 from npu_rl.features import known_env
-from npu_rl.launch import cluster
+from npu_rl.launch import cluster, stack
 from npu_rl.launch.environ import derived_env, ray_auth, shown_env, sourced_files, summary_rows
 from npu_rl.launch.topology import Topology, resolve_topology
 from npu_rl.table import format_table
@@ -46,8 +48,10 @@ exit codes:
   65  the preflight rejected the recipe, or the recipe stopped before its preflight ran (nothing was started)
   69  a Ray node already runs here or the port is taken (its holder named), or the head is unreachable
   70  Ray failed to start or died
-  75  not every node / NPU joined before NODE_WAIT_TIMEOUT (Ray stopped)
-  78  bad topology: NNODES, MASTER_ADDR, SOCKET_IFNAME, NPUS_PER_NODE, visible devices, Ray token
+  75  not every node / NPU joined before NODE_WAIT_TIMEOUT, or a node left the cluster during the run
+      (the head names it, stops the recipe and Ray)
+  78  bad topology: NNODES, MASTER_ADDR, SOCKET_IFNAME, NPUS_PER_NODE, visible devices, Ray token; or a
+      node's stack (sources.lock, patch series, npu_rl, recipe) differs from the head's (both named)
   130/143  interrupted (SIGINT/SIGTERM, also during the preflight); the recipe (or preflight) and Ray were stopped
 """
 
@@ -63,20 +67,43 @@ class Interrupted(BaseException):
         self.reported = False  # True once a line said what was stopped
 
 
+class LostNode(Interrupted):
+    """Raised in the main thread when the node watch (SIGUSR1 from ``npu_rl.launch watch``) saw a node leave."""
+
+    def __init__(self, reason: str):
+        super().__init__(signal.SIGTERM)  # what the recipe's process group gets
+        self.reason = reason
+
+
 class _Signals:
-    """First signal raises :class:`Interrupted`; later ones are only noted, so cleanup is not cut short."""
+    """First signal raises :class:`Interrupted`; later ones are only noted, so cleanup is not cut short.
+
+    SIGUSR1 is the node watch's: it raises :class:`LostNode` with the reason the watch wrote to
+    ``lost_report``.
+    """
+
+    lost_report: Path | None = None
 
     def __init__(self, log):
         self.log = log
         self.got: int | None = None
 
     def __enter__(self):
-        self.saved = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+        self.saved = {s: signal.signal(s, self._handle) for s in sigs}
         return self
 
     def _handle(self, signum, _frame):
         if self.got is None:
             self.got = signum
+            if signum == signal.SIGUSR1:
+                reason = "a node left the Ray cluster"
+                if _Signals.lost_report is not None:
+                    try:
+                        reason = _Signals.lost_report.read_text().strip() or reason
+                    except OSError:
+                        pass
+                raise LostNode(reason)
             raise Interrupted(signum)
         self.log(f"{signal.Signals(signum).name} again: still stopping the recipe and Ray")
 
@@ -173,6 +200,7 @@ class Launcher:
                 )
         self.env.update(auth)
         self.env.setdefault("NPU_RL_TRAIN_PYTHON", sys.executable)
+        self.labels = stack.stack_labels(REPO_ROOT, self.train, self.env_script, self.overrides)
         self.env["NPU_RL_RECIPE"] = str(self.train)
         self.env["NPU_RL_ENV_SCRIPT"] = str(self.env_script or "")
         # The feature switches every node starts Ray with; the preflight compares the recipe's view.
@@ -183,11 +211,44 @@ class Launcher:
             f"{role} node {topo.node_ip} ({topo.ifname}); job: {topo.nnodes} node(s) x {topo.npus_per_node} NPU "
             f"({topo.npus_source}) = {topo.world_size} dies, head {topo.address}"
         )
+        for line in self._node_plan(topo):
+            self.log(line)
         files = sourced_files(self.env)
         self.log("sourced: " + (", ".join(files) if files else "no CANN set_env.sh found (CPU machine?)"))
         for n in (*topo.notes, *notes):
             self.log(f"note: {n}")
         return topo
+
+    def _node_plan(self, topo: Topology) -> list[str]:
+        """What this node will wait for, how long, and what the other nodes must run (a multi-node job)."""
+        if topo.nnodes == 1:
+            return []
+        cmd = " ".join(
+            shlex.quote(str(a))
+            for a in (
+                "bash",
+                "ray_start_npu.sh",
+                self.train,
+                *([self.env_script] if self.env_script else []),
+                *self.overrides,
+            )
+        )
+        same = f"MASTER_ADDR={topo.master_addr} MASTER_PORT={topo.master_port} NNODES={topo.nnodes} {cmd}"
+        if topo.is_head:
+            return [
+                f"multi-node: after Ray starts, this head waits up to NODE_WAIT_TIMEOUT="
+                f"{_seconds(self.env, 'NODE_WAIT_TIMEOUT', 300):g}s for {topo.nnodes - 1} other node(s) with "
+                f"{topo.npus_per_node} NPU each; on each of them run the same command: {same}",
+                "multi-node: during the run a node that leaves the cluster stops it (exit 75, the node named); "
+                "a joining node whose stack (sources.lock, patch series, npu_rl, recipe) differs from this one's "
+                "is refused",
+            ]
+        return [
+            "multi-node: this worker waits up to WORKER_JOIN_TIMEOUT="
+            f"{_seconds(self.env, 'WORKER_JOIN_TIMEOUT', 600):g}s "
+            f"for the head {topo.address}, joins it, and stops once the head is gone for HEAD_LOST_GRACE="
+            f"{_seconds(self.env, 'HEAD_LOST_GRACE', 30):g}s; the head runs the recipe ({same})",
+        ]
 
     def env_table(self) -> str:
         """Every shown variable, ``NAME  value`` per line: the run's env.txt."""
@@ -227,7 +288,8 @@ class Launcher:
             return proc.wait()
         except Interrupted as e:
             name = what or (Path(cmd[1]).name if cmd[0] == "bash" else cmd[-1])
-            self.log(f"{signal.Signals(e.signum).name}: stopping {name}")
+            cause = e.reason if isinstance(e, LostNode) else signal.Signals(e.signum).name
+            self.log(f"{cause}: stopping {name}")
             e.reported = True
             grace = 10.0 if forward else float(self.env.get("NPU_RL_STOP_GRACE", "60"))
             _stop_group(proc, forward or e.signum, grace=grace)
@@ -311,6 +373,9 @@ class Launcher:
     def head(self, topo: Topology, preflight: bool) -> int:
         run = self.run_dir
         assert run is not None
+        # A Ray node (another launcher's) or a taken port is refused before the preflight's minutes,
+        # and again just before `ray start` (something may have started meanwhile).
+        cluster.refuse_foreign_cluster(topo.node_ip, topo.master_port)
         if preflight:
             self.log("preflight: checking the recipe before starting the cluster")
             rc = self.plan(run / "preflight.txt")
@@ -323,26 +388,39 @@ class Launcher:
         cluster.refuse_foreign_cluster(topo.node_ip, topo.master_port)
         args = cluster.ray_start_args(
             head=True, topo_address=topo.address, node_ip=topo.node_ip, port=topo.master_port,
-            npus=topo.npus_per_node, extra=self.env.get("RAY_START_ARGS", ""),
+            npus=topo.npus_per_node, extra=self.env.get("RAY_START_ARGS", ""), labels=self.labels,
         )  # fmt: skip
         cluster.ensure_head_token(self.ray_exe(), self.env, self.log)
         node = cluster.RayNodeProcess(self.ray_exe(), args, run / "ray-head.log", self.env)
         started = time.time()
+        watch: subprocess.Popen | None = None
         with _Signals(self.log):
             try:
                 self.log(f"starting the Ray head on {topo.address} ({topo.npus_per_node} NPU); log: {node.log_path}")
                 node.start()
                 self._wait_gcs(node, topo)
                 self._wait_nodes(topo)
+                watch = self._watch_nodes(topo)
                 self.log(f"running {self.train}; log: {run / 'train.log'}")
                 rc = self._tee(["bash", str(self.train), *self.overrides], self.env, run / "train.log")
                 self.log(f"{self.train.name} exited with {rc}")
                 return rc
+            except LostNode as e:
+                self.log(
+                    f"error: {e.reason} during the run: the run was stopped (a collective would have waited "
+                    f"HCCL_EXEC_TIMEOUT={self.env.get('HCCL_EXEC_TIMEOUT', '?')}s). Check that node (its launcher's "
+                    "output, dmesg, the network), then start the job again on every node"
+                )
+                return NodeLost.exit_code
             except Interrupted as e:
                 return 128 + e.signum
             finally:
+                if watch is not None:
+                    _stop_group(watch, signal.SIGTERM, grace=5)
+                _Signals.lost_report = None
                 self.log("stopping Ray")
                 node.stop()
+                self._forget_cluster(topo)
                 self._sweep_shm(started)
 
     def _wait_nodes(self, topo: Topology) -> None:
@@ -351,11 +429,33 @@ class Launcher:
         timeout = _seconds(self.env, "NODE_WAIT_TIMEOUT", 300)
         cmd = [sys.executable, "-m", "npu_rl.launch", "wait", f"--address={topo.address}"]
         cmd += [f"--nodes={topo.nnodes}", f"--npus-per-node={topo.npus_per_node}", f"--timeout={timeout:g}"]
+        cmd += [f"--labels={json.dumps(self.labels)}"]
         rc = self._tee(cmd, self.env, self.run_dir / "launcher.log" if self.run_dir else None)
         if rc == NodesMissing.exit_code:
             raise NodesMissing(f"not every node joined within NODE_WAIT_TIMEOUT={timeout:g}s (see above)")
+        if rc == StackMismatch.exit_code:
+            raise StackMismatch("a node that joined runs another stack (see above); Ray was stopped")
         if rc:
             raise LaunchError(f"waiting for the nodes failed (exit {rc}); Ray's log: {self.run_dir}")
+
+    def _watch_nodes(self, topo: Topology) -> subprocess.Popen | None:
+        """Start the node watch of a multi-node job (``npu_rl.launch watch``, its own session): when a node
+        leaves the cluster it writes why to the run directory and sends this launcher SIGUSR1."""
+        if topo.nnodes == 1 or self.run_dir is None:
+            return None
+        report = self.run_dir / "lost-node.txt"
+        _Signals.lost_report = report
+        cmd = [sys.executable, "-m", "npu_rl.launch", "watch", f"--address={topo.address}", f"--parent={os.getpid()}"]
+        cmd += [f"--report={report}", f"--interval={_seconds(self.env, 'NODE_WATCH_INTERVAL', 2)}"]
+        with open(self.run_dir / "launcher.log", "ab") as log:
+            return subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                start_new_session=True,
+            )
 
     def _wait_gcs(self, node: cluster.RayNodeProcess, topo: Topology) -> None:
         deadline = time.monotonic() + _seconds(self.env, "RAY_START_TIMEOUT", 120)
@@ -372,7 +472,7 @@ class Launcher:
         cluster.refuse_running_node()
         args = cluster.ray_start_args(
             head=False, topo_address=topo.address, node_ip=topo.node_ip, port=topo.master_port,
-            npus=topo.npus_per_node, extra=self.env.get("RAY_START_ARGS", ""),
+            npus=topo.npus_per_node, extra=self.env.get("RAY_START_ARGS", ""), labels=self.labels,
         )  # fmt: skip
         node = cluster.RayNodeProcess(self.ray_exe(), args, run / "ray-worker.log", self.env)
         lost_grace = _seconds(self.env, "HEAD_LOST_GRACE", 30)
@@ -382,6 +482,7 @@ class Launcher:
                 cluster.wait_for_head(
                     topo.master_addr, topo.master_port, _seconds(self.env, "WORKER_JOIN_TIMEOUT", 600), self.log
                 )
+                self._check_head_stack(topo)
                 self.log(f"joining {topo.address} with {topo.npus_per_node} NPU; log: {node.log_path}")
                 node.start()
                 lost_since = None
@@ -392,6 +493,18 @@ class Launcher:
                         if not head_up:
                             self.log("the head went away; Ray on this node has stopped")
                             return 0
+                        flag = cluster.head_only_flag(node.log_path)
+                        if flag and flag in " ".join(node.cmd) and not flag.startswith("--port"):
+                            # One RAY_START_ARGS for every node: Ray names the flag it takes on the head only.
+                            self.log(
+                                f"note: Ray refuses {flag} on a worker (a head-only flag of RAY_START_ARGS): "
+                                "starting this node without it"
+                            )
+                            node = cluster.RayNodeProcess(
+                                node.cmd[0], cluster.drop_flag(node.cmd[3:], flag), node.log_path, self.env
+                            )
+                            node.start()
+                            continue
                         raise LaunchError(f"`ray start` exited with {node.proc.returncode}:\n{node.log_tail()}")
                     if head_up:
                         lost_since = None
@@ -404,7 +517,32 @@ class Launcher:
                 return 128 + e.signum
             finally:
                 node.stop()
+                self._forget_cluster(topo)
                 self._sweep_shm(started)
+
+    def _check_head_stack(self, topo: Topology) -> None:
+        """Refuse to join a head that runs another stack (in a child: Ray's GCS client, no driver here)."""
+        cmd = [sys.executable, "-m", "npu_rl.launch", "check-head", f"--address={topo.address}"]
+        cmd += [f"--labels={json.dumps(self.labels)}", f"--me=this node {topo.node_ip}"]
+        rc = self._tee(cmd, self.env, self.run_dir / "launcher.log" if self.run_dir else None)
+        if rc == StackMismatch.exit_code:
+            raise StackMismatch("this node was not joined to the head (see above)")
+        if rc:
+            raise LaunchError(f"comparing this node's stack with the head's failed (exit {rc}; see above)")
+
+    def _forget_cluster(self, topo: Topology) -> None:
+        """After stopping this node's Ray: a plain ``ray.init()`` here must not go looking for the stopped cluster."""
+        addresses = {topo.address, f"{topo.node_ip}:{topo.master_port}"}
+        if not topo.is_head:
+            try:
+                addresses.add(f"{socket.gethostbyname(topo.master_addr)}:{topo.master_port}")
+            except OSError:
+                pass
+        temp_dir = cluster.ray_temp_dir(self.env.get("RAY_START_ARGS", ""))
+        if cluster.forget_cluster(sorted(addresses), temp_dir, self.log):
+            self.log(
+                f"removed Ray's current-cluster file ({temp_dir or 'the default temp dir'}), which named {topo.address}"
+            )
 
     def _sweep_shm(self, started: float) -> None:
         """Remove the shared-memory segments the run's killed processes left (npu_rl.launch.shm)."""
@@ -498,7 +636,43 @@ def build_wait_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--npus-per-node", type=int, required=True)
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--labels", type=json.loads, default=None, help="the head's stack labels (JSON): refuse others")
     return p
+
+
+def _main_watch(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m npu_rl.launch watch", description="Tell the head's launcher (SIGUSR1) when a node leaves."
+    )
+    p.add_argument("--address", required=True)
+    p.add_argument("--parent", type=int, required=True)
+    p.add_argument("--report", type=Path, required=True)
+    p.add_argument("--interval", type=float, default=2.0)
+    a = p.parse_args(argv)
+
+    def lost(msg: str) -> None:
+        a.report.write_text(msg + "\n")
+        print(f"[npu-rl {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+        os.kill(a.parent, signal.SIGUSR1)
+
+    cluster.watch_nodes(a.address, lost, a.interval, stop=lambda: os.getppid() != a.parent)
+    return 0
+
+
+def _main_check_head(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m npu_rl.launch check-head", description="Compare this node's stack with the head's."
+    )
+    p.add_argument("--address", required=True)
+    p.add_argument("--labels", type=json.loads, required=True)
+    p.add_argument("--me", default="this node")
+    a = p.parse_args(argv)
+    try:
+        cluster.check_head_stack(a.address, a.labels, a.me)
+    except NpuRlError as e:
+        print(f"[npu-rl] error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -507,6 +681,10 @@ def main(argv: list[str] | None = None) -> int:
     def err(msg: str) -> None:
         print(f"[npu-rl] error: {msg}", file=sys.stderr, flush=True)
 
+    if argv[:1] == ["watch"]:
+        return _main_watch(argv[1:])
+    if argv[:1] == ["check-head"]:
+        return _main_check_head(argv[1:])
     if argv[:1] == ["wait"]:
         a = build_wait_parser().parse_args(argv[1:])
         try:
@@ -516,6 +694,7 @@ def main(argv: list[str] | None = None) -> int:
                 a.npus_per_node,
                 a.timeout,
                 log=lambda m: print(f"[npu-rl {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True),
+                labels=a.labels,
             )
         except NpuRlError as e:
             err(str(e))

