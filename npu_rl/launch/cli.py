@@ -240,8 +240,8 @@ class Launcher:
                 f"{_seconds(self.env, 'NODE_WAIT_TIMEOUT', 300):g}s for {topo.nnodes - 1} other node(s) with "
                 f"{topo.npus_per_node} NPU each; on each of them run the same command: {same}",
                 "multi-node: during the run a node that leaves the cluster stops it (exit 75, the node named); "
-                "a joining node whose stack (sources.lock, patch series, npu_rl, recipe) differs from this one's "
-                "is refused",
+                "a node whose stack (sources.lock, patch series, npu_rl, recipe) differs from this one's "
+                "cannot join",
             ]
         return [
             "multi-node: this worker waits up to WORKER_JOIN_TIMEOUT="
