@@ -17,12 +17,20 @@ import sys
 import threading
 from pathlib import Path
 
-import pytest
+# One OpenMP thread per process, unbound, as recipes/qwen3-tiny/env_cpu.sh sets for the CPU recipes:
+# the suite runs three xdist workers on CI's two cores, and each test's vLLM engine, gloo rank or
+# torch process otherwise starts a thread per core, bound to those cores, that spins while the others
+# wait (SAM's three engine cases beside two busy cores: 185 s with the defaults, 153 s with these,
+# 2026-12-07). Set before torch is imported; a value the caller set is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
-from npu_rl import REPO_ROOT
-from npu_rl.lock import load_lock
-from npu_rl.patches.series import PATCHES_DIR, load_series
-from npu_rl.sources import Downloader, build_from_archive, cache_dir
+import pytest  # noqa: E402
+
+from npu_rl import REPO_ROOT  # noqa: E402
+from npu_rl.lock import load_lock  # noqa: E402
+from npu_rl.patches.series import PATCHES_DIR, load_series  # noqa: E402
+from npu_rl.sources import Downloader, build_from_archive, cache_dir  # noqa: E402
 
 # The skip gate: the session fails on a skip or xfail whose reason is not on tests/skip_allowlist.toml
 # (NPU_RL_ALLOW_SKIPS=1 tolerates them for a local subset run; ignored when CI is set).

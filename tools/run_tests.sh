@@ -157,8 +157,8 @@ tests::main_job() {
     # 2. the negative control: the same recipe with lr 0 stays within 2 x chance, and its policy never
     #    moves (actor/entropy within 0.02 of its first step: the shortcut's actor/ppo_kl is 0 by
     #    construction), so the first run's score cannot come from luck or from the evidence reader. It runs
-    #    the first 5 of the 20 steps (validation at 0 and 5): with the policy checked still at every step,
-    #    steps 6-20 would draw 15 x 1,024 more samples from the same distribution. The resampler is off
+    #    the first 3 of the 20 steps (validation at 0 and 3): with the policy checked still at every step,
+    #    steps 4-20 would draw 17 x 1,024 more samples from the same distribution. The resampler is off
     #    there: its evidence needs a second epoch (step 11), and it orders prompts, which lr 0 ignores;
     # 3. DAPO learns the same task (dapo_learn_cpu.sh: clip-higher, token-mean, dynamic sampling, the
     #    overlong shaping, four mini-batches a step with the old-log-prob pass), and both DAPO mechanisms
@@ -180,8 +180,8 @@ tests::main_job() {
         tests::cpu_run main-job-learn "$((total / 3))" --min-steps 20 --learned $chance --final-val "$final" \
         --require "${features[@]}" "skip old-log-prob"
     CPU_RUN_RECIPE=recipes/qwen3-tiny/grpo_learn_cpu.sh CPU_RUN_ENV=$env_learn CPU_RUN_CHANCE=$chance \
-        tests::cpu_run main-job-control "$((total / 3))" --min-steps 5 --at-chance $chance -- \
-        actor_rollout_ref.actor.optim.lr=0 trainer.total_training_steps=5 data.sampler.class_name=null \
+        tests::cpu_run main-job-control "$((total / 3))" --min-steps 3 --at-chance $chance -- \
+        actor_rollout_ref.actor.optim.lr=0 trainer.total_training_steps=3 trainer.test_freq=3 data.sampler.class_name=null \
         trainer.experiment_name=qwen3-toy-grpo-lr0
     CPU_RUN_RECIPE=recipes/qwen3-tiny/dapo_learn_cpu.sh CPU_RUN_ENV=$env_learn CPU_RUN_CHANCE=$chance \
         tests::cpu_run main-job-dapo "$((total / 3))" --min-steps 16 --learned $chance --final-val "${DAPO_FINAL_VAL:-0.9}" --dapo \
