@@ -107,6 +107,12 @@ class StackMismatch(LaunchError):
     exit_code = 78
 
 
+class HeadRefused(LaunchError):
+    """A worker's head rejected the job in its preflight and told the worker why (its Ray port)."""
+
+    exit_code = 65
+
+
 class PreflightError(NpuRlError):
     """The preflight rejected the recipe; the message lists every problem with its key and fix."""
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import socket
+import threading
 
 import pytest
 
 from npu_rl.errors import TopologyError
-from npu_rl.launch.cluster import assess
+from npu_rl.launch.cluster import REFUSAL_BANNER, assess, probe_head, serve_refusal
 from npu_rl.launch.environ import derived_env, is_secret, ray_auth, shown_env
 from npu_rl.launch.topology import Probe, resolve_topology
 
@@ -187,3 +189,34 @@ def test_assess_counts_npus_and_flags_wrong_counts():
     assert not a.ready and a.npus == 24 and [ip for ip, *_ in a.joined] == ["10.0.0.1", "10.0.0.2"]
     assert "node 10.0.0.2 registered 8 NPU, expected NPUS_PER_NODE=16" in a.problems[0]
     assert assess(nodes[:1] + [_node("10.0.0.3", NPU=16.0)], 2, 16).ready
+
+
+def _serve_once(payload: bytes | None):
+    """A loopback server for one connection that sends ``payload`` (None: says nothing) then closes."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+
+    def run():
+        conn, _ = srv.accept()
+        with conn:
+            if payload is None:
+                conn.recv(1)  # silent until the client hangs up, as Ray's GCS (gRPC) is
+            else:
+                conn.sendall(payload)
+        srv.close()
+
+    threading.Thread(target=run, daemon=True).start()
+    return port
+
+
+def test_a_worker_reads_a_heads_refusal_and_nothing_else_as_one():
+    assert probe_head("127.0.0.1", _serve_once(REFUSAL_BANNER + b"  error: bad key\n")) == (True, "  error: bad key")
+    assert probe_head("127.0.0.1", _serve_once(None)) == (True, None)  # a real head
+    assert probe_head("127.0.0.1", _serve_once(b"SSH-2.0-OpenSSH\r\n")) == (True, None)  # something else
+    assert probe_head("127.0.0.1", _serve_once(REFUSAL_BANNER[:5])) == (True, None)  # a cut-off banner is not one
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    assert probe_head("127.0.0.1", free) == (False, None)
+    # the head's side: each worker that asks is told, once per address; nobody asking ends with the window
+    assert serve_refusal("127.0.0.1", free, "  error: x", expect=1, window=0.6) == []

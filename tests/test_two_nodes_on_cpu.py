@@ -23,9 +23,14 @@ import pytest
 from npu_rl import REPO_ROOT
 from tests import netns
 
-# The serial group (tests/conftest.py): run beside other Ray tests on a loaded 2-core machine, two-node
-# tests left Ray processes that were still exiting (2026-12-07); one Ray test at a time, they pass.
-pytestmark = pytest.mark.serial
+# Their own xdist group, one test at a time, beside the serial group's Ray tests: each node is a
+# network namespace, so their Ray ports, raylets (npu_rl.launch.cluster counts only this namespace's)
+# and addresses are not the host's, and every process a test looks for is its own (its LOG_DIR, its
+# RAY_TMPDIR). In the serial group they were ~195 s of its ~850 s, the suite's longest chain. When
+# every interpreter still compiled its modules at each start (no bytecode; README, "Measured"), Ray
+# in the namespaces took over the fixture's 60 s to exit beside the serial group (2026-12-07).
+# slow: not in the --quick tier.
+pytestmark = [pytest.mark.xdist_group("two_nodes"), pytest.mark.slow]
 
 pytest.importorskip("ray")
 if (why := netns.available()) is not None:
@@ -63,7 +68,9 @@ def cluster(tmp_path):
     ]
     with netns.Nodes(2) as nodes:
         yield nodes, envs, tmp_path
-        deadline = time.monotonic() + 60  # a launcher that just exited may still be reaping its children
+        # A launcher that just exited may still be reaping its children; Ray's daemons on a loaded machine
+        # took over 60 s once (before the bytecode fix). Waited only while something is left.
+        deadline = time.monotonic() + 120
         while any(nodes.pids(i) for i in range(2)) and time.monotonic() < deadline:
             time.sleep(0.5)
         left = {i: nodes.pids(i) for i in range(2)}
@@ -144,6 +151,33 @@ def test_a_worker_started_first_waits_joins_and_leaves_with_the_head(cluster):
     for d in map(_current_cluster, (envs[HEAD]["RAY_TMPDIR"], envs[WORKER]["RAY_TMPDIR"])):
         assert not d.exists(), f"{d} still names {d.read_text()}"
     assert "removed Ray's current-cluster file" in text
+
+
+def test_a_head_whose_preflight_rejects_the_job_tells_the_waiting_worker_why(cluster):
+    nodes, envs, tmp_path = cluster
+    worker, wout = _start(nodes, WORKER, envs[WORKER], tmp_path)
+    _wait_for(wout, "waiting for the head 10.231.0.1:6379", [(worker, wout)])
+    head, hout = _start(nodes, HEAD, {**envs[HEAD], "PLAN_EXIT": "65"}, tmp_path)
+    rc, text, _ = _finish(head, hout, 120)
+    assert rc == 65, text[-4000:]
+    assert "the preflight rejected" in text and "the cluster was not started" in text
+    assert "told 1 node(s) (10.231.0.2)" in text, text[-3000:]
+    rc, wtext, waited = _finish(worker, wout, 60)
+    assert rc == 65, wtext[-4000:]
+    assert waited < 10, f"the worker took {waited:.0f}s after the head's notice"  # not WORKER_JOIN_TIMEOUT=120
+    assert "the head 10.231.0.1:6379 rejected the job in its preflight, so this node does not join" in wtext
+    assert "the stand-in preflight rejects this recipe (PLAN_EXIT=65)" in wtext  # the head's own words
+    assert "/preflight.txt)" in wtext and "joining" not in wtext, wtext
+    assert not list(Path(envs[WORKER]["LOG_DIR"]).glob("*/ray-worker.log"))  # its Ray never started
+
+
+def test_a_rejected_head_with_nobody_waiting_tells_nobody_and_exits_after_its_notice(cluster):
+    nodes, envs, tmp_path = cluster
+    head, hout = _start(nodes, HEAD, {**envs[HEAD], "PLAN_EXIT": "65", "NODE_REFUSAL_NOTICE": "2"}, tmp_path)
+    rc, text, waited = _finish(head, hout, 120)
+    assert rc == 65, text[-4000:]
+    assert "NODE_REFUSAL_NOTICE=2s" in text
+    assert "told 0 node(s) (none); 1 did not ask within 2s and wait out their WORKER_JOIN_TIMEOUT" in text
 
 
 def test_a_node_that_dies_mid_run_stops_the_head_which_names_it(cluster):

@@ -37,6 +37,7 @@ EXIT_CODES = """environment (set in ENV_SCRIPT or the shell; defaults make one n
   ASCEND_RT_VISIBLE_DEVICES / ASCEND_VISIBLE_DEVICES (checked: ids, ascending, count)
   SOCKET_IFNAME (the interface to MASTER_ADDR)
   NODE_WAIT_TIMEOUT (300 s, head)  WORKER_JOIN_TIMEOUT (600 s, worker)  LOG_DIR (<repo>/logs)
+  NODE_REFUSAL_NOTICE (15 s, head: how long a rejected head tells waiting workers why)
   RAY_START_ARGS (extra `ray start` arguments)  RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH (token auth stays on)
   ASCEND_SET_ENV_FILES (CANN set_env.sh files sourced when present)
 
@@ -45,7 +46,8 @@ exit codes:
   0   a worker whose head finished and went away
   2   usage error (missing script, TRAIN_SCRIPT and ENV_SCRIPT swapped; an ENV_SCRIPT with a syntax
       error, or one that fails, exits or trains: nothing was started)
-  65  the preflight rejected the recipe, or the recipe stopped before its preflight ran (nothing was started)
+  65  the preflight rejected the recipe, or the recipe stopped before its preflight ran (nothing was started);
+      on a worker: its head's preflight rejected the job, and the head told it why
   69  a Ray node already runs here or the port is taken (its holder named), or the head is unreachable
   70  Ray failed to start or died
   75  not every node / NPU joined before NODE_WAIT_TIMEOUT, or a node left the cluster during the run
@@ -384,6 +386,7 @@ class Launcher:
                     self.log(f"the preflight rejected {self.train} (exit {rc}); the cluster was not started")
                 else:
                     self.log("the cluster was not started")
+                self._tell_workers(topo, run / "preflight.txt")
                 return 65
         cluster.refuse_foreign_cluster(topo.node_ip, topo.master_port)
         args = cluster.ray_start_args(
@@ -422,6 +425,32 @@ class Launcher:
                 node.stop()
                 self._forget_cluster(topo)
                 self._sweep_shm(started)
+
+    def _tell_workers(self, topo: Topology, preflight_log: Path) -> None:
+        """After a rejection, tell the workers that wait for this head why, on its Ray port, for up to
+        NODE_REFUSAL_NOTICE seconds or until every other node was told (they poll every 3 s)."""
+        window = _seconds(self.env, "NODE_REFUSAL_NOTICE", 15)
+        if topo.nnodes == 1 or window <= 0:
+            return
+        lines = preflight_log.read_text(errors="replace").splitlines() if preflight_log.is_file() else []
+        errors = [ln.strip() for ln in lines if re.search(r"\berror\b", ln, re.IGNORECASE)]
+        reason = "\n".join(f"  {ln[:300]}" for ln in (errors or lines[-10:])[:10])
+        message = f"{reason}\n  (the head {topo.node_ip}: {preflight_log})"
+        self.log(
+            f"telling the other {topo.nnodes - 1} node(s) why on {topo.address}, for up to "
+            f"NODE_REFUSAL_NOTICE={window:g}s (Ctrl-C stops now)"
+        )
+        try:
+            told = cluster.serve_refusal(topo.node_ip, topo.master_port, message, topo.nnodes - 1, window)
+        except OSError as e:
+            reason = e.strerror or e
+            self.log(f"could not tell the other nodes ({topo.address}: {reason}); they wait out WORKER_JOIN_TIMEOUT")
+            return
+        missing = topo.nnodes - 1 - len(told)
+        self.log(
+            f"told {len(told)} node(s) ({', '.join(told) or 'none'})"
+            + (f"; {missing} did not ask within {window:g}s and wait out their WORKER_JOIN_TIMEOUT" if missing else "")
+        )
 
     def _wait_nodes(self, topo: Topology) -> None:
         """The wait runs in a child process: a Ray driver installs its own SIGTERM handler, which would
@@ -628,11 +657,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def build_wait_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m npu_rl.launch wait", description="Wait until a Ray cluster has its NPUs (the head's wait)."
-    )
+def _child_parser(name: str, description: str) -> argparse.ArgumentParser:
+    """The parser of a subcommand the launcher runs in a child process (``--address`` of the cluster)."""
+    p = argparse.ArgumentParser(prog=f"python -m npu_rl.launch {name}", description=description)
     p.add_argument("--address", required=True)
+    return p
+
+
+def _child_log(msg: str) -> None:
+    print(f"[npu-rl {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def build_wait_parser() -> argparse.ArgumentParser:
+    p = _child_parser("wait", "Wait until a Ray cluster has its NPUs (the head's wait).")
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--npus-per-node", type=int, required=True)
     p.add_argument("--timeout", type=float, default=300)
@@ -641,10 +678,7 @@ def build_wait_parser() -> argparse.ArgumentParser:
 
 
 def _main_watch(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m npu_rl.launch watch", description="Tell the head's launcher (SIGUSR1) when a node leaves."
-    )
-    p.add_argument("--address", required=True)
+    p = _child_parser("watch", "Tell the head's launcher (SIGUSR1) when a node leaves.")
     p.add_argument("--parent", type=int, required=True)
     p.add_argument("--report", type=Path, required=True)
     p.add_argument("--interval", type=float, default=2.0)
@@ -652,7 +686,7 @@ def _main_watch(argv: list[str]) -> int:
 
     def lost(msg: str) -> None:
         a.report.write_text(msg + "\n")
-        print(f"[npu-rl {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+        _child_log(msg)
         os.kill(a.parent, signal.SIGUSR1)
 
     cluster.watch_nodes(a.address, lost, a.interval, stop=lambda: os.getppid() != a.parent)
@@ -660,10 +694,7 @@ def _main_watch(argv: list[str]) -> int:
 
 
 def _main_check_head(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m npu_rl.launch check-head", description="Compare this node's stack with the head's."
-    )
-    p.add_argument("--address", required=True)
+    p = _child_parser("check-head", "Compare this node's stack with the head's.")
     p.add_argument("--labels", type=json.loads, required=True)
     p.add_argument("--me", default="this node")
     a = p.parse_args(argv)
@@ -693,7 +724,7 @@ def main(argv: list[str] | None = None) -> int:
                 a.nodes,
                 a.npus_per_node,
                 a.timeout,
-                log=lambda m: print(f"[npu-rl {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True),
+                log=_child_log,
                 labels=a.labels,
             )
         except NpuRlError as e:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from npu_rl.errors import ClusterBusy, LaunchError, NodesMissing, StackMismatch
+from npu_rl.errors import ClusterBusy, HeadRefused, LaunchError, NodesMissing, StackMismatch
 from npu_rl.launch import stack
 
 Log = Callable[[str], None]
@@ -381,17 +381,87 @@ def wait_for_npus(
         ray.shutdown()
 
 
+# What a head whose preflight rejected a multi-node job serves on its Ray port for a while
+# (serve_refusal), before the reason: a waiting worker reads it instead of waiting out its timeout.
+# Ray's GCS (gRPC) never speaks first, so a real head sends nothing within probe_head's read.
+REFUSAL_BANNER = b"NPU-RL-REFUSED\n"
+REFUSAL_MAX_BYTES = 16384
+
+
+def probe_head(host: str, port: int, timeout: float = 1.0, read: float = 0.5) -> tuple[bool, str | None]:
+    """One connection to the head's Ray port: ``(accepts, refusal)``.
+
+    ``accepts``: something accepts TCP connections on ``host:port``. ``refusal``: the text after
+    :data:`REFUSAL_BANNER` when it is a head that rejected its job (:func:`serve_refusal`), else None;
+    anything else that answers within ``read`` seconds is not a refusal.
+    """
+    try:
+        conn = socket.create_connection((host, port), timeout=timeout)
+    except OSError:
+        return False, None
+    data = b""
+    with conn:
+        conn.settimeout(read)
+        try:
+            while len(data) < REFUSAL_MAX_BYTES:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+                if not REFUSAL_BANNER.startswith(data[: len(REFUSAL_BANNER)]):
+                    return True, None
+        except OSError:  # a timeout included: a real GCS waits for the client to speak
+            pass
+    if data.startswith(REFUSAL_BANNER):
+        return True, data[len(REFUSAL_BANNER) :].decode("utf-8", "replace").rstrip()
+    return True, None
+
+
+def serve_refusal(host: str, port: int, message: str, expect: int, window: float) -> list[str]:
+    """Serve ``message`` on ``host:port`` to each worker that connects, until ``expect`` distinct
+    addresses have read it or ``window`` seconds passed; the addresses told, in order.
+
+    Raises:
+        OSError: the port cannot be bound (something else holds it).
+    """
+    told: list[str] = []
+    payload = REFUSAL_BANNER + message.encode()[: REFUSAL_MAX_BYTES - len(REFUSAL_BANNER)]
+    deadline = time.monotonic() + window
+    with socket.create_server((host, port)) as srv:
+        srv.settimeout(0.5)
+        while len(told) < expect and time.monotonic() < deadline:
+            try:
+                conn, addr = srv.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                try:
+                    conn.sendall(payload)
+                except OSError:
+                    continue
+            if addr[0] not in told:
+                told.append(addr[0])
+    return told
+
+
 def wait_for_head(host: str, port: int, timeout: float, log: Log, poll: float = 3.0) -> None:
     """Bounded wait until the head's GCS port accepts connections.
 
     Raises:
         ClusterBusy: the head did not answer within ``timeout`` seconds.
+        HeadRefused: the head rejected the job in its preflight (:func:`serve_refusal`); its reason.
     """
     start = time.monotonic()
     tries = 0
     while True:
         tries += 1
-        if port_open(host, port):
+        accepts, refusal = probe_head(host, port)
+        if refusal is not None:
+            raise HeadRefused(
+                f"the head {host}:{port} rejected the job in its preflight, so this node does not join:\n"
+                f"{refusal}\nFix it on the head, then start the same command on every node again"
+            )
+        if accepts:
             return
         waited = time.monotonic() - start
         if waited > timeout:

@@ -3,8 +3,13 @@
 set -euo pipefail
 if [[ "${NPU_RL_MODE:-run}" == plan ]]; then
     # Stands in for run_verl's preflight (this recipe has no verl config): it leaves the same mark.
-    echo "plan mode: nothing to check"
+    # PLAN_EXIT: a rejection, as the preflight reports one.
     echo ok >"$NPU_RL_PLAN_MARK"
+    if [[ -n "${PLAN_EXIT:-}" ]]; then
+        echo "[npu-rl] error: the stand-in preflight rejects this recipe (PLAN_EXIT=$PLAN_EXIT)"
+        exit "$PLAN_EXIT"
+    fi
+    echo "plan mode: nothing to check"
     exit 0
 fi
 echo "training on ${RAY_ADDRESS:-?} with ${NNODES:-?} x ${NPUS_PER_NODE:-?} NPU"
