@@ -23,14 +23,11 @@ import pytest
 from npu_rl import REPO_ROOT
 from tests import netns
 
-# Their own xdist group, one test at a time, beside the serial group's Ray tests: each node is a
-# network namespace, so their Ray ports, raylets (npu_rl.launch.cluster counts only this namespace's)
-# and addresses are not the host's, and every process a test looks for is its own (its LOG_DIR, its
-# RAY_TMPDIR). In the serial group they were ~195 s of its ~850 s, the suite's longest chain. When
-# every interpreter still compiled its modules at each start (no bytecode; README, "Measured"), Ray
-# in the namespaces took over the fixture's 60 s to exit beside the serial group (2026-12-07).
-# slow: not in the --quick tier.
-pytestmark = [pytest.mark.xdist_group("two_nodes"), pytest.mark.slow]
+# The serial group (tests/conftest.py). In their own xdist group beside it (2026-12-07, ac1e462) the
+# serial group's launcher tests, which look for leftovers by the recipe's path in a command line,
+# found these tests' processes: they run the same tests/recipes/exit_code.sh. A copy of the recipe
+# per test would let them leave the serial group (~195 s of its ~850 s chain).
+pytestmark = pytest.mark.serial
 
 pytest.importorskip("ray")
 if (why := netns.available()) is not None:
