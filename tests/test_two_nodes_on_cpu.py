@@ -54,6 +54,13 @@ def cluster(tmp_path):
             "RAY_TMPDIR": tmp[i],
             "LOG_DIR": str(tmp_path / f"logs{i}"),
             "RAY_START_ARGS": "--num-cpus=1 --include-dashboard=false",
+            # Ray's GCS declares a node dead after health_check_failure_threshold missed checks, each
+            # waiting health_check_timeout_ms (defaults 5 x 10 s): a killed node's packets are dropped,
+            # so on a loaded machine the head once did not hear of it within 120 s (2026-12-07). A
+            # check a second, 5 s each, 3 misses: dead within ~20 s; a live node never misses three.
+            "RAY_health_check_period_ms": "1000",
+            "RAY_health_check_timeout_ms": "5000",
+            "RAY_health_check_failure_threshold": "3",
             "NPU_RL_TRAIN_PYTHON": sys.executable,
             "NPU_RL_ALLOW_NO_NPU": "1",
             "NPU_RL_WORKER_POLL": "1",
