@@ -38,11 +38,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # order, so the group, the longest piece of work (~9 of the suite's ~24 CPU-minutes), starts at
     # once on one worker while the other takes the rest; placed where its first module sorts, it
     # started halfway and the run waited for it at the end.
-    # Then the other groups (tests/test_two_nodes_on_cpu.py's), for the same reason.
-    items.sort(key=_order)
-
-
-def _order(item: pytest.Item) -> int:
-    if item.get_closest_marker("serial"):
-        return 0
-    return 1 if item.get_closest_marker("xdist_group") else 2
+    items.sort(key=lambda item: item.get_closest_marker("serial") is None)

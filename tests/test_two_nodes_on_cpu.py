@@ -133,12 +133,20 @@ def _current_cluster(tmp_dir: str) -> Path:
     return Path(tmp_dir) / "ray" / "ray_current_cluster"
 
 
-def test_a_worker_started_first_waits_joins_and_leaves_with_the_head(cluster):
+def _worker_then_head(cluster, head_env: dict, timeout: float):
+    """The worker first; once it waits for the head, the head with ``head_env`` until it exits:
+    ``(worker, worker's output file, the head's exit code, the head's output)``."""
     nodes, envs, tmp_path = cluster
     worker, wout = _start(nodes, WORKER, envs[WORKER], tmp_path)
     _wait_for(wout, "waiting for the head 10.231.0.1:6379", [(worker, wout)])
-    head, hout = _start(nodes, HEAD, {**envs[HEAD], "TRAIN_SLEEP": "3"}, tmp_path)
-    rc, text, _ = _finish(head, hout, 300)
+    head, hout = _start(nodes, HEAD, {**envs[HEAD], **head_env}, tmp_path)
+    rc, text, _ = _finish(head, hout, timeout)
+    return worker, wout, rc, text
+
+
+def test_a_worker_started_first_waits_joins_and_leaves_with_the_head(cluster):
+    nodes, envs, tmp_path = cluster
+    worker, wout, rc, text = _worker_then_head(cluster, {"TRAIN_SLEEP": "3"}, 300)
     assert rc == 0, text[-4000:]
     assert "worker" not in text.split("head node 10.231.0.1 (eth0)")[0]  # the head knew it was the head
     assert "this head waits up to NODE_WAIT_TIMEOUT=120s for 1 other node(s)" in text
@@ -159,10 +167,7 @@ def test_a_worker_started_first_waits_joins_and_leaves_with_the_head(cluster):
 
 def test_a_head_whose_preflight_rejects_the_job_tells_the_waiting_worker_why(cluster):
     nodes, envs, tmp_path = cluster
-    worker, wout = _start(nodes, WORKER, envs[WORKER], tmp_path)
-    _wait_for(wout, "waiting for the head 10.231.0.1:6379", [(worker, wout)])
-    head, hout = _start(nodes, HEAD, {**envs[HEAD], "PLAN_EXIT": "65"}, tmp_path)
-    rc, text, _ = _finish(head, hout, 120)
+    worker, wout, rc, text = _worker_then_head(cluster, {"PLAN_EXIT": "65"}, 120)
     assert rc == 65, text[-4000:]
     assert "the preflight rejected" in text and "the cluster was not started" in text
     assert "told 1 node(s) (10.231.0.2)" in text, text[-3000:]
