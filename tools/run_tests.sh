@@ -123,19 +123,28 @@ tests::cpu_run() {
         </dev/null >"$logs/launcher.out" 2>&1) || rc=$?
     grep -E '^\[npu-rl [0-9:]+\]' "$logs/launcher.out" | tail -n 6 || true
     run_dir="$(find "$logs" -mindepth 1 -maxdepth 1 -type d | sort | tail -n 1)"
+    local why=()
+    ((rc == 0)) || why+=("the launcher exited $rc ($logs/launcher.out)")
     if ((rc == 0)) && [[ -z "$run_dir" ]]; then
-        common::log "$name: the launcher exited 0 but left no run directory in $logs"
+        why+=("the launcher exited 0 but left no run directory in $logs")
         rc=1
     elif ((rc == 0)); then
-        (cd "$NPU_RL_ROOT" && "$PY" -P -m npu_rl.e2e "${CPU_RUN_CHECK:-check}" "$run_dir" "${checks[@]}") || rc=$?
+        (cd "$NPU_RL_ROOT" && "$PY" -P -m npu_rl.e2e "${CPU_RUN_CHECK:-check}" "$run_dir" "${checks[@]}") |
+            tee "$run_dir/evidence.txt" || rc=$?
+        ((rc == 0)) || why+=("npu_rl.e2e ${CPU_RUN_CHECK:-check} exited $rc ($run_dir/evidence.txt)")
     fi
     if [[ -n "$run_dir" ]] && { [[ -f "$run_dir/metrics.jsonl" ]] || [[ -f "$run_dir/train.log" ]]; }; then
         # The run's report (also after a failed check: it shows what the run did).
-        (cd "$NPU_RL_ROOT" && "$PY" -P -m npu_rl.report "$run_dir" ${CPU_RUN_CHANCE:+--chance "$CPU_RUN_CHANCE"}) ||
-            { ((rc != 0)) || rc=1; }
+        local report_rc=0
+        (cd "$NPU_RL_ROOT" && "$PY" -P -m npu_rl.report "$run_dir" ${CPU_RUN_CHANCE:+--chance "$CPU_RUN_CHANCE"}) \
+            2> >(tee "$logs/report.err" >&2) || report_rc=$?
+        if ((report_rc != 0)); then
+            why+=("npu_rl.report exited $report_rc: $(tail -n 3 "$logs/report.err" | tr '\n' ' ')")
+            ((rc != 0)) || rc=1
+        fi
     fi
     if ((rc != 0)); then
-        ((rc == 124)) && common::log "$name ran past its ${budget} s budget"
+        ((rc == 124)) && why+=("$name ran past its ${budget} s budget")
         if [[ -n "$run_dir" && -f "$run_dir/train.log" ]]; then
             common::log "last 150 lines of $run_dir/train.log:"
             tail -n 150 "$run_dir/train.log" >&2
@@ -143,6 +152,12 @@ tests::cpu_run() {
             common::log "last 60 lines of the launcher's output ($logs/launcher.out):"
             tail -n 60 "$logs/launcher.out" >&2
         fi
+        # Why, last, where a reader of the log's tail sees it: the launcher's own last lines, the
+        # checks that failed (each cut to 600 characters) and the failing step.
+        common::log "why $name failed:"
+        grep -E '^\[npu-rl [0-9:]+\]' "$logs/launcher.out" | tail -n 4 >&2 || true
+        [[ -n "$run_dir" && -f "$run_dir/evidence.txt" ]] && grep -E '^MISSING|passed, [0-9]+ failed' "$run_dir/evidence.txt" | cut -c 1-600 >&2 || true
+        printf '  %s\n' "${why[@]}" >&2
         common::die "$name failed (exit $rc); run directory: ${run_dir:-none}"
     fi
 }
