@@ -10,7 +10,8 @@ Why these tests: two Ray clusters on one machine fight over ports and the launch
 start beside another Ray node (and its tests kill every process that runs their recipe); two vLLM
 engines each want the memory and cores the tests size them for; a tmpfs mount is machine-wide.
 
-The serial tests are also moved to the front of the collection (see the hook).
+The serial tests are also moved to the front of the collection, then the tests of other xdist groups
+(see the hook).
 
 Registered by ``tests/conftest.py``; elsewhere ``python -m pytest -p tests.serial_group``.
 Note: the grouping needs pytest 9.1 (constraints/cpu.txt): on 9.2 xdist's group suffix is ignored and
@@ -38,4 +39,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # order, so the group, the longest piece of work (~9 of the suite's ~24 CPU-minutes), starts at
     # once on one worker while the other takes the rest; placed where its first module sorts, it
     # started halfway and the run waited for it at the end.
-    items.sort(key=lambda item: item.get_closest_marker("serial") is None)
+    # Then the other groups (tests/test_two_nodes_on_cpu.py's), for the same reason.
+    items.sort(key=_order)
+
+
+def _order(item: pytest.Item) -> int:
+    if item.get_closest_marker("serial"):
+        return 0
+    return 1 if item.get_closest_marker("xdist_group") else 2

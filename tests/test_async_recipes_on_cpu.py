@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -463,7 +464,13 @@ def test_the_async_recipes_pass_their_dry_runs_with_both_pools(recipe, env, trai
 
     rc, out, facts = plan(REPO_ROOT / recipe, REPO_ROOT / env)
     assert rc == 0, out[-4000:]
-    assert "preflight: ok (0 errors, 3 warnings)" in out  # the model and data files absent here, nothing else
+    # the model and data files absent here, nothing else (and, where this file system lacks room for the
+    # recipe's checkpoints, trainer.default_local_dir: a dry run only warns about the head's storage)
+    keys = [ln.split(":", 2)[1].strip() for ln in out.splitlines() if ln.startswith("warning: ")]
+    assert sorted(k for k in keys if k != "trainer.default_local_dir") == [
+        "actor_rollout_ref.model.path", "data.train_files", "data.val_files"
+    ], out[-3000:]  # fmt: skip
+    assert re.search(r"preflight: ok \(0 errors, [34] warnings\)", out), out[-3000:]
     cluster = next(line for line in out.splitlines() if line.startswith("cluster "))
     assert f"= {train} + rollout pool" in cluster and cluster.endswith(f"= {rollout}"), cluster
     assert "weight sync      nccl" in out or "weight sync     nccl" in out

@@ -7,6 +7,7 @@ tests/recipes/; rule boundaries are checked in-process with :func:`run_preflight
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -258,6 +259,23 @@ def test_every_shipped_recipe_passes_its_dry_run(shipped_recipe_plans):
         # issue 37: what protects and shows the run is on the dry run's first screen
         lines = {line.split()[0] for line in out.split("plan:", 1)[1].splitlines() if line.strip()}
         assert {"checkpoints", "validation", "trackers"} <= lines, f"{recipe}:\n{out}"
+        if "qwen3-tiny" not in str(recipe):
+            # issue 37: an NPU run saves, resumes, validates and keeps its metrics without an account
+            plan = {
+                ln.split(None, 1)[0]: ln.split(None, 1)[1]
+                for ln in out.split("plan:", 1)[1].splitlines()
+                if ln.strip() and len(ln.split(None, 1)) == 2
+            }
+            assert re.match(r"every \d+ step\(s\) to /\S+/checkpoints/", plan["checkpoints"]), (
+                f"{recipe}: {plan['checkpoints']}"
+            )
+            assert "keeping the last 2" in plan["checkpoints"] and "GiB each" in plan["checkpoints"], plan[
+                "checkpoints"
+            ]
+            assert plan["validation"].startswith("every ") and "before training" in plan["validation"], (
+                f"{recipe}: {plan['validation']}"
+            )
+            assert "file" in plan["trackers"].split(", "), f"{recipe}: {plan['trackers']}"
 
 
 @pytest.mark.xdist_group("shipped_recipe_plans")
@@ -862,20 +880,24 @@ def test_verls_default_tracker_list_is_named_as_the_default_and_unknown_names_ar
     assert dict(r.plan)["trackers"] == "console, file"
 
 
-def test_the_plan_shows_checkpoints_and_validation():
+def test_the_plan_shows_checkpoints_and_validation(tmp_path):
     plan = dict(check().plan)  # the base: verl's save_freq -1, test_freq -1, val_before_train True
     assert plan["checkpoints"] == "never (trainer.save_freq <= 0): a failure loses the run"
     assert plan["validation"] == "before training only"
-    plan = dict(
-        check(
-            "trainer.save_freq=50",
-            "trainer.max_actor_ckpt_to_keep=3",
-            "trainer.default_local_dir=/ckpt/run1",
-            "trainer.test_freq=10",
-            "trainer.val_before_train=False",
-        ).plan
+    r = check(
+        "trainer.save_freq=50",
+        "trainer.max_actor_ckpt_to_keep=3",
+        f"trainer.default_local_dir={tmp_path}/ckpt/run1",
+        "trainer.test_freq=10",
+        "trainer.val_before_train=False",
     )
-    assert plan["checkpoints"] == "every 50 step(s) to /ckpt/run1, keeping the last 3; resume_mode auto"
+    plan = dict(r.plan)
+    # the base is Qwen3-32B on Megatron: 32.8 B parameters x (2 + 12) B = 427.2 GiB a checkpoint
+    assert plan["checkpoints"].startswith(
+        f"every 50 step(s) to {tmp_path}/ckpt/run1, keeping the last 3 (3 at once while saving); resume_mode auto; "
+        "~427.2 GiB each (model+optimizer+extra, megatron; estimate); "
+    ), plan["checkpoints"]
+    assert plan["checkpoints"].endswith(f" GiB free at {tmp_path}")
     assert plan["validation"] == "every 10 step(s)"
 
 

@@ -23,17 +23,20 @@ import pytest
 from npu_rl import REPO_ROOT
 from tests import netns
 
-# The serial group (tests/conftest.py). In their own xdist group beside it (2026-12-07, ac1e462) the
-# serial group's launcher tests, which look for leftovers by the recipe's path in a command line,
-# found these tests' processes: they run the same tests/recipes/exit_code.sh. A copy of the recipe
-# per test would let them leave the serial group (~195 s of its ~850 s chain).
-pytestmark = pytest.mark.serial
+# Their own xdist group, one test at a time, beside the serial group's Ray tests (~230 s of what was
+# the suite's longest chain): each node is a network namespace, so their Ray ports, raylets
+# (npu_rl.launch.cluster counts only this namespace's) and addresses are not the host's. Each test runs
+# its own copy of the recipe (RECIPE under its tmp_path): the serial group's launcher tests find
+# leftovers by their recipe's path in a command line, and when these tests ran tests/recipes/exit_code.sh
+# itself beside them (ac1e462, 2026-12-07), three of those tests blamed these tests' processes.
+# slow: not in the --quick tier.
+pytestmark = [pytest.mark.xdist_group("two_nodes"), pytest.mark.slow]
 
 pytest.importorskip("ray")
 if (why := netns.available()) is not None:
     pytest.skip(f"network namespaces unavailable: {why}", allow_module_level=True)
 
-RECIPE = REPO_ROOT / "tests" / "recipes" / "exit_code.sh"
+RECIPE = REPO_ROOT / "tests" / "recipes" / "exit_code.sh"  # copied into each test's tmp_path
 HEAD, WORKER = 0, 1
 
 
@@ -41,6 +44,7 @@ HEAD, WORKER = 0, 1
 def cluster(tmp_path):
     """Two nodes, each with its own Ray temp dir (RAY_TMPDIR: Ray's default one, per node) and env."""
     netns.sweep_stale()
+    shutil.copy2(RECIPE, tmp_path / RECIPE.name)
     tmp = [tempfile.mkdtemp(prefix=f"/tmp/nrl2n{i}") for i in range(2)]  # short: Ray's socket paths
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "NNODES", "MASTER_"))}
     envs = [
@@ -102,7 +106,7 @@ def _start(nodes, i, env, tmp_path, *args):
     out = tmp_path / f"node{i}.out"
     with out.open("a") as sink:
         proc = nodes.popen(
-            i, ["bash", str(REPO_ROOT / "ray_start_npu.sh"), str(RECIPE), *args], env=env,
+            i, ["bash", str(REPO_ROOT / "ray_start_npu.sh"), str(tmp_path / RECIPE.name), *args], env=env,
             stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
         )  # fmt: skip
     return proc, out

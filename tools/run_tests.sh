@@ -165,24 +165,27 @@ tests::cpu_run() {
 tests::main_job() {
     # The project's main check (README, "main job ... runs anywhere"; docs/e2e.md, "Learning runs"):
     # 1. GRPO learns: the toy task goes from chance (0.1; npu_rl/toy.py) to a validation score >= LEARN_FINAL_VAL
-    #    (0.9) through the real launcher in 15 of the recipe's 20 steps (validation at 0, 5, 10, 15; the
-    #    second epoch, where the resampler's order shows, starts at step 11). In its last 4 clean-clone
-    #    runs of 20 steps (2026-12-07) it was 0.66-0.81 at step 5 and 1.0 from step 10 on, so steps 16-20
-    #    (~75 s) only re-validated a solved task. With the CPU features on (env_cpu_learn.sh) and the
+    #    (0.9) through the real launcher in 12 of the recipe's 20 steps (validation at 0, 4, 8, 12; the
+    #    second epoch, where the resampler's order shows, starts at step 11: its order line is printed
+    #    there). In its clean-clone runs of 2026-12-07 it was 0.43-0.81 at step 5 and 1.0 from step 10
+    #    on (5 of 5), so steps 13-20 (~20 s each) only re-validated a solved task. With the CPU features on (env_cpu_learn.sh) and the
     #    on-policy shortcut (one optimizer step per batch, no old-log-prob pass: recompute_old_log_prob=false),
     #    so the shortcut's evidence is a learning run. Groups of 32 and an entropy bonus keep the policy
     #    exploring: with groups of 16 and no bonus, 2 of 4 CI runs stopped at 0.88 (docs/e2e.md);
     # 2. the negative control: the same recipe with lr 0 stays within 2 x chance, and its policy never
     #    moves (actor/entropy within 0.02 of its first step: the shortcut's actor/ppo_kl is 0 by
     #    construction), so the first run's score cannot come from luck or from the evidence reader. It runs
-    #    the first 3 of the 20 steps (validation at 0 and 3): with the policy checked still at every step,
-    #    steps 4-20 would draw 17 x 1,024 more samples from the same distribution. The resampler is off
+    #    the first 2 of the 20 steps (validation at 0 and 2): with the policy checked still at every step,
+    #    steps 3-20 would draw 18 x 1,024 more samples from the same distribution. The resampler is off
     #    there: its evidence needs a second epoch (step 11), and it orders prompts, which lr 0 ignores;
     # 3. DAPO learns the same task (dapo_learn_cpu.sh: clip-higher, token-mean, dynamic sampling, the
     #    overlong shaping, four mini-batches a step with the old-log-prob pass), and both DAPO mechanisms
     #    leave their trace (--dapo). It must learn to stop as well as to answer (3 tokens instead of 1);
-    #    with groups of 32 it passed 0.9 by step 8-16 in its runs, so it runs 16 steps and its gate is the
-    #    GRPO run's (DAPO_FINAL_VAL, 0.9).
+    #    with groups of 32 its four runs we know were 0.81-1.0 at step 8 and 1.0 at step 12, so CI runs 12
+    #    of the recipe's 16 steps (validation at 0, 4, 8, 12) and its gate is the GRPO run's
+    #    (DAPO_FINAL_VAL, 0.9). The steps after are the dear ones: with most groups right, dynamic
+    #    sampling generates until 32 groups with a signal are found (clean-clone CI of 2026-12-07: steps
+    #    1-12 took 21-35 s, steps 13-16 35, 38, 78 and 121 s, 102 and 144 groups dropped at 15 and 16).
     # The GSM8K run of the skip-old-log-prob shortcut that stood here (2 steps, 3 min 46 s on 2026-12-07's
     # machine, ~2 min of it start-up) is superseded by run 1; the real Qwen3 tokenizer, GSM8K data and
     # verl's GSM8K reward stay covered by tests/test_data_on_cpu.py (verl's RLHFDataset and
@@ -195,29 +198,34 @@ tests::main_job() {
     local env_learn=recipes/qwen3-tiny/env_cpu_learn.sh final="${LEARN_FINAL_VAL:-0.9}"
     local features=("length-aware resampler" "rollout rebalance" "rollout progress" "engine GC")
     CPU_RUN_RECIPE=recipes/qwen3-tiny/grpo_learn_cpu.sh CPU_RUN_ENV=$env_learn CPU_RUN_CHANCE=$chance \
-        tests::cpu_run main-job-learn "$((total / 3))" --min-steps 15 --learned $chance --final-val "$final" \
-        --require "${features[@]}" "skip old-log-prob" -- trainer.total_training_steps=15
+        tests::cpu_run main-job-learn "$((total / 3))" --min-steps 12 --learned $chance --final-val "$final" \
+        --require "${features[@]}" "skip old-log-prob" -- trainer.total_training_steps=12 trainer.test_freq=4
     CPU_RUN_RECIPE=recipes/qwen3-tiny/grpo_learn_cpu.sh CPU_RUN_ENV=$env_learn CPU_RUN_CHANCE=$chance \
-        tests::cpu_run main-job-control "$((total / 3))" --min-steps 3 --at-chance $chance -- \
-        actor_rollout_ref.actor.optim.lr=0 trainer.total_training_steps=3 trainer.test_freq=3 data.sampler.class_name=null \
+        tests::cpu_run main-job-control "$((total / 3))" --min-steps 2 --at-chance $chance -- \
+        actor_rollout_ref.actor.optim.lr=0 trainer.total_training_steps=2 trainer.test_freq=2 data.sampler.class_name=null \
         trainer.experiment_name=qwen3-toy-grpo-lr0
     CPU_RUN_RECIPE=recipes/qwen3-tiny/dapo_learn_cpu.sh CPU_RUN_ENV=$env_learn CPU_RUN_CHANCE=$chance \
-        tests::cpu_run main-job-dapo "$((total / 3))" --min-steps 16 --learned $chance --final-val "${DAPO_FINAL_VAL:-0.9}" --dapo \
-        --require "${features[@]}"
+        tests::cpu_run main-job-dapo "$((total / 3))" --min-steps 12 --learned $chance --final-val "${DAPO_FINAL_VAL:-0.9}" --dapo \
+        --require "${features[@]}" -- trainer.total_training_steps=12
 }
 
 tests::main_job_async() {
     # GRPO learns on the fully-async trainer (issue 34; verl's fully_async_policy, separate trainer
-    # and rollouter pools, staleness 0.5, partial rollout on, a weight sync after each of 79 trainer
-    # steps of 8 prompts x 32): the toy task from chance to a validation score >= ASYNC_FINAL_VAL (0.8),
+    # and rollouter pools, staleness 0.5, partial rollout on, a weight sync after each trainer step of
+    # 8 prompts x 32): the toy task from chance to a validation score >= ASYNC_FINAL_VAL (0.8),
     # checked by npu_rl.e2e check-async (queue, live sync, staleness, rollout vs actor, then learning;
-    # docs/e2e.md). Measured: 1.0 from version 32 on with 64 versions (3 min 51 s), but 0.748 / 0.866 /
-    # 0.866 / 0.866 at versions 20-80 in the clean-clone CI at e284f23: one update per 8 prompts still
-    # lets the policy turn deterministic with a digit wrong. The gate is 0.8 (8 x chance, 4 x the
-    # control's ceiling) until that is fixed (issue 34); groups of 16 stopped at 0.67-0.93. 20 minutes allowed (NPU_RL_ASYNC_JOB_TIMEOUT).
+    # docs/e2e.md). CI runs 48 of the recipe's 80 weight versions (validation at 0, 16, 32, 48; the
+    # trainer logs 47 steps: the last is flushed only off a validation step). Its 80-version runs with
+    # groups of 32: 0.748 / 0.866 / 0.866 / 0.866 at versions 20-80 (clean-clone CI at e284f23), 0.54 /
+    # 1.0 and 0.54 / 0.881 / 1.0 / 1.0 (2026-12-07, the second in a clean-clone CI): one update per 8
+    # prompts still lets the policy turn deterministic with a digit wrong. The gate is 0.8 (8 x chance,
+    # 4 x the control's ceiling) until that is fixed (issue 34); groups of 16 stopped at 0.67-0.93.
+    # Versions 49-80 (~4.5 s each) moved a passed gate or a plateau. 20 minutes allowed
+    # (NPU_RL_ASYNC_JOB_TIMEOUT).
     CPU_RUN_RECIPE=recipes/qwen3-tiny/grpo_learn_cpu_fully_async.sh CPU_RUN_ENV=recipes/qwen3-tiny/env_cpu_async_learn.sh \
         CPU_RUN_CHECK=check-async CPU_RUN_CHANCE=0.1 tests::cpu_run main-job-async "${NPU_RL_ASYNC_JOB_TIMEOUT:-1200}" \
-        --min-steps 79 --learned 0.1 --final-val "${ASYNC_FINAL_VAL:-0.8}"
+        --min-steps 47 --learned 0.1 --final-val "${ASYNC_FINAL_VAL:-0.8}" -- \
+        rollout.total_rollout_steps=384 trainer.test_freq=16
 }
 
 tests::ray_local() {

@@ -231,6 +231,11 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
     )
     checks.check_memory(cfg, est, lengths, report, lay, separate_pools=separate)
     dense, expert = model.params()
+    ckpt = checks.check_checkpoint_storage(
+        cfg, lay.engine, dense + expert, report, dry_run=env.get("NPU_RL_DRY_RUN") == "1"
+    )
+    if ckpt:
+        plan = [("checkpoints", ckpt) if name == "checkpoints" else (name, v) for name, v in plan]
     tbs, n = sel(cfg, "data.train_batch_size"), sel(cfg, "actor_rollout_ref.rollout.n")
     dapo = sel(cfg, "reward.reward_manager.name") == "dapo" or bool(sel(cfg, "algorithm.filter_groups.enable", False))
     facts.update(

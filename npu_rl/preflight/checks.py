@@ -12,6 +12,7 @@ import importlib.util
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from npu_rl.preflight.model import ModelFacts
 from npu_rl.preflight.report import Report
@@ -888,13 +889,112 @@ def lifecycle_plan(cfg) -> list[tuple[str, str]]:
         )
     else:
         ckpt = "never (trainer.save_freq <= 0): a failure loses the run"
+    return [("checkpoints", ckpt), ("validation", validation_plan(cfg))]
+
+
+def validation_plan(cfg) -> str:
+    """The plan's validation line: how often verl's ``test_freq`` validates, and before training."""
     test = int(sel(cfg, "trainer.test_freq", -1) or -1)
     before = bool(sel(cfg, "trainer.val_before_train", True))
     if test > 0:
         val = f"every {test} step(s)" + (", and before training" if before else "")
     else:
         val = "before training only" if before else "never (trainer.test_freq <= 0)"
-    return [("checkpoints", ckpt), ("validation", val)]
+    return val
+
+
+#: Bytes a checkpoint keeps per actor parameter, by what verl's ``checkpoint.save_contents`` names and
+#: the training engine: FSDP saves its sharded fp32 parameters (4) and AdamW's two fp32 moments (8);
+#: Megatron's distributed checkpoint saves the bf16 parameters (2) and the optimizer's fp32 main
+#: parameters and moments (12); ``hf_model`` adds a bf16 Hugging Face copy (2). ``extra`` (RNG,
+#: scheduler, the dataloader) is small. An estimate: the shipped recipes' real sizes were never measured.
+CKPT_BYTES = {
+    "fsdp": {"model": 4, "optimizer": 8, "hf_model": 2},
+    "megatron": {"model": 2, "optimizer": 12, "hf_model": 2},
+}
+
+
+def _existing_parent(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_checkpoint_storage(
+    cfg, engine: str, params: int, report: Report, dry_run: bool = False, cwd: Path | None = None
+) -> str | None:
+    """The checkpoint folder of a run that saves (``trainer.save_freq`` > 0): where it is, what one
+    checkpoint of the actor costs (:data:`CKPT_BYTES` x ``params``), how many verl keeps at most at
+    once (``max_actor_ckpt_to_keep``: it removes the oldest before a save when keeping 2 or more, after
+    it when keeping 1), and whether the folder's file system can take them.
+
+    ``engine``: the training engine (``fsdp``, ``fsdp2``, ``megatron``, ``mindspeed``); ``params``: the
+    actor's parameter count; ``cwd``: what a relative ``trainer.default_local_dir`` is relative to (the
+    recipe's working directory; default this process's).
+
+    Errors: the folder (or the nearest folder above it that exists) is not a writable directory; its
+    file system has less free space than one checkpoint. Warning: less than the checkpoints kept at once.
+    With ``dry_run`` (``ray_start_npu.sh --dry-run``: maybe not on the cluster) the errors are warnings
+    that say so: the folder and its space are the head's, judged again before the real run.
+    Returns the plan's checkpoints line, or None when the run does not save.
+    """
+    import os
+    import shutil
+
+    save = int(sel(cfg, "trainer.save_freq", -1) or -1)
+    if save <= 0:
+        return None
+    key = "trainer.default_local_dir"
+    raw = str(sel(cfg, key, "checkpoints"))
+    folder = Path(raw) if Path(raw).is_absolute() else (cwd or Path.cwd()) / raw
+    contents = plain(sel(cfg, f"{A}.checkpoint.save_contents", ["model", "optimizer", "extra"])) or []
+    table = CKPT_BYTES["megatron" if engine in ("megatron", "mindspeed") else "fsdp"]
+    size = params * sum(table.get(c, 0) for c in contents)
+    keep = sel(cfg, "trainer.max_actor_ckpt_to_keep", None)
+    steps = sel(cfg, "trainer.total_training_steps", None)
+    saves = int(steps) // save if steps else None
+    if keep:
+        at_once = max(int(keep), 2) if saves is None else min(max(int(keep), 2), max(saves, 1))
+        kept = f"keeping the last {keep} ({at_once} at once while saving)"
+    else:
+        at_once = saves
+        kept = "keeping all (trainer.max_actor_ckpt_to_keep unset)" + (f": {saves} by the last step" if saves else "")
+    base = _existing_parent(folder)
+    refuse, where = (
+        (report.warn, " here (a dry run, maybe not on the head: checked again before the run)")
+        if dry_run
+        else (report.error, "")
+    )
+    line = (
+        f"every {save} step(s) to {folder}, {kept}; resume_mode {sel(cfg, 'trainer.resume_mode', 'auto')}; "
+        f"~{size / GB:.1f} GiB each ({'+'.join(contents)}, {engine}; estimate)"
+    )
+    if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
+        refuse(
+            key,
+            f"= {raw}: {base} is not a directory this user can write{where}, so the first checkpoint (step {save}) "
+            "would fail after that many steps of work",
+            "point it at a writable folder on shared storage (the same path on every node)",
+        )
+        return line
+    free = shutil.disk_usage(base).free
+    line += f"; {free / GB:.0f} GiB free at {base}"
+    if size > free:
+        refuse(
+            key,
+            f"{base} has {free / GB:.1f} GiB free{where}, less than one checkpoint (~{size / GB:.1f} GiB): the save at "
+            f"step {save} would fail",
+            "free space there, point trainer.default_local_dir at a larger file system, or save fewer contents "
+            f"({A}.checkpoint.save_contents)",
+        )
+    elif at_once and size * at_once > free:
+        report.warn(
+            key,
+            f"{base} has {free / GB:.1f} GiB free, less than the {at_once} checkpoints verl keeps at once "
+            f"(~{size * at_once / GB:.1f} GiB)",
+            "set trainer.max_actor_ckpt_to_keep lower, or point trainer.default_local_dir at a larger file system",
+        )
+    return line
 
 
 def check_overlong(cfg, report: Report, trainer: str = "sync") -> str | None:

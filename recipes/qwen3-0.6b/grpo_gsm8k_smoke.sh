@@ -44,10 +44,14 @@ TRAINER=(
     trainer.n_gpus_per_node="$NPUS_PER_NODE"
     trainer.project_name=npu-rl-smoke
     trainer.experiment_name=qwen3-0.6b-gsm8k
-    'trainer.logger=["console"]'
+    'trainer.logger=["console","file"]'  # verl's JSONL tracker: RUN_DIR/metrics.jsonl, no account
     trainer.total_epochs=1
     trainer.total_training_steps=20
-    trainer.save_freq=-1
+    # Checkpoints (docs/lifecycle.md): every SAVE_FREQ steps into CKPT_DIR (shared storage: the same path
+    # on every node), the last 2 kept; the same command again resumes from the newest (resume_mode auto).
+    trainer.save_freq="${SAVE_FREQ:-5}"
+    trainer.max_actor_ckpt_to_keep=2
+    trainer.default_local_dir="${CKPT_DIR:-$PWD/checkpoints}/\${trainer.project_name}/\${trainer.experiment_name}"
     trainer.test_freq=10
 )
 

@@ -109,11 +109,15 @@ TRAINER=(
     trainer.n_gpus_per_node="$NPUS_PER_NODE"
     trainer.project_name=npu-rl-qwen3-235b
     trainer.experiment_name=grpo-128die-fully-async
-    'trainer.logger=["console"]'
+    'trainer.logger=["console","file"]'  # verl's JSONL tracker: RUN_DIR/metrics.jsonl, no account
     trainer.total_epochs=1
-    trainer.save_freq=-1
-    trainer.test_freq=-1
-    trainer.val_before_train=False
+    # Checkpoints (docs/lifecycle.md): every SAVE_FREQ steps into CKPT_DIR (shared storage: the same path
+    # on every node), the last 2 kept; the same command again resumes from the newest (resume_mode auto).
+    trainer.save_freq="${SAVE_FREQ:-5}"
+    trainer.max_actor_ckpt_to_keep=2
+    trainer.default_local_dir="${CKPT_DIR:-$PWD/checkpoints}/\${trainer.project_name}/\${trainer.experiment_name}"
+    trainer.test_freq="${TEST_FREQ:-10}"
+    trainer.val_before_train=True
 )
 
 # Rollout fast path (docs/fast_path.md), sized for the rollout pool: 256 prompt groups x n 16 over
