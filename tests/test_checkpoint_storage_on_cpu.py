@@ -95,3 +95,53 @@ def test_room_for_one_but_not_for_those_kept_at_once_is_a_warning(tmp_path):
     (warn,) = report.warnings
     assert "less than the 3 checkpoints verl keeps at once" in warn.message
     assert "max_actor_ckpt_to_keep" in warn.fix
+
+
+# --- where the run starts (issue 37, item 2: "the plan says from which step") -----------------------------
+def _saved(folder, steps, tracker):
+    """A checkpoint folder as verl's _save_checkpoint leaves it: global_step_N/ per save, then the tracker."""
+    for n in steps:
+        (folder / f"global_step_{n}" / "actor").mkdir(parents=True)
+    (folder / "latest_checkpointed_iteration.txt").write_text(str(tracker))
+
+
+def test_a_folder_without_a_checkpoint_starts_from_step_0(tmp_path):
+    line = check_checkpoint_storage(_cfg(tmp_path / "ckpt"), "fsdp", 1000, Report())
+    assert "resume_mode auto: starts from step 0 (no checkpoint in the folder yet)" in line
+
+
+def test_the_plan_names_the_checkpoint_verl_will_resume_from(tmp_path):
+    _saved(tmp_path, [5, 10], 10)
+    report = Report()
+    line = check_checkpoint_storage(_cfg(tmp_path), "fsdp", 1000, report)
+    assert f"resume_mode auto: resumes from global_step_10 ({tmp_path / 'global_step_10'})" in line
+    assert report.problems == []
+
+
+@pytest.mark.parametrize("tracker", ["15", "garbage"])
+def test_a_tracker_naming_no_checkpoint_is_refused_and_nothing_is_deleted(tmp_path, tracker):
+    # verl's find_latest_ckpt_path returns None for a step with no folder (and raises on garbage):
+    # _load_checkpoint would then print "Training from scratch" and overwrite the folder at its first save.
+    _saved(tmp_path, [5, 10], tracker)
+    report = Report()
+    check_checkpoint_storage(_cfg(tmp_path), "fsdp", 1000, report)
+    (err,) = report.errors
+    assert err.key == KEY and f"names checkpoint '{tracker}'" in err.message
+    assert ("train from step 0" if tracker.isdigit() else "not a step number") in err.message
+    assert "resume_mode=disable" in err.fix
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "global_step_10",
+        "global_step_5",
+        "latest_checkpointed_iteration.txt",
+    ]
+
+
+def test_resume_mode_disable_and_resume_path_say_what_they_do(tmp_path):
+    _saved(tmp_path, [5], 5)
+    cfg = _cfg(tmp_path)
+    cfg.trainer.resume_mode = "disable"
+    assert "resume_mode disable: starts from step 0" in check_checkpoint_storage(cfg, "fsdp", 1000, Report())
+    cfg.trainer.resume_mode = "resume_path"
+    cfg.trainer.resume_from_path = str(tmp_path / "global_step_5")
+    line = check_checkpoint_storage(cfg, "fsdp", 1000, Report())
+    assert f"resume_mode resume_path: resumes from {tmp_path / 'global_step_5'}" in line

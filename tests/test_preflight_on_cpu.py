@@ -894,7 +894,8 @@ def test_the_plan_shows_checkpoints_and_validation(tmp_path):
     plan = dict(r.plan)
     # the base is Qwen3-32B on Megatron: 32.8 B parameters x (2 + 12) B = 427.2 GiB a checkpoint
     assert plan["checkpoints"].startswith(
-        f"every 50 step(s) to {tmp_path}/ckpt/run1, keeping the last 3 (3 at once while saving); resume_mode auto; "
+        f"every 50 step(s) to {tmp_path}/ckpt/run1, keeping the last 3 (3 at once while saving); "
+        "resume_mode auto: starts from step 0 (no checkpoint in the folder yet); "
         "~427.2 GiB each (model+optimizer+extra, megatron; estimate); "
     ), plan["checkpoints"]
     assert plan["checkpoints"].endswith(f" GiB free at {tmp_path}")

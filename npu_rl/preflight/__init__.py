@@ -214,7 +214,7 @@ def _check_composed(cli: Cli, cfg, env: Mapping[str, str], report: Report, facts
         plan.append(("overlong shaping", overlong))
     if critic:
         plan.append(("critic", critic))
-    plan += [*checks.lifecycle_plan(cfg), ("trackers", trackers)]
+    plan += [*checks.lifecycle_plan(cfg, report), ("trackers", trackers)]
     if model is None:
         return plan
     lengths = checks.check_lengths(cfg, model, report)

@@ -876,16 +876,18 @@ def check_trackers(cfg, report: Report) -> str:
     return ", ".join(b + (" (package missing)" if b in missing else "") for b in backends)
 
 
-def lifecycle_plan(cfg) -> list[tuple[str, str]]:
-    """Plan lines of what protects and shows the run: checkpoints (frequency, folder, retention, resume)
-    and validation (frequency, before training)."""
+def lifecycle_plan(cfg, report: Report) -> list[tuple[str, str]]:
+    """Plan lines of what protects and shows the run: checkpoints (frequency, folder, retention, where
+    it resumes: :func:`resume_plan`, whose error goes to ``report``) and validation (frequency, before
+    training). :func:`check_checkpoint_storage` replaces the checkpoints line when the model's size is known."""
     save = int(sel(cfg, "trainer.save_freq", -1) or -1)
     if save > 0:
         keep = sel(cfg, "trainer.max_actor_ckpt_to_keep", None)
+        folder = checkpoint_folder(cfg)
         ckpt = (
-            f"every {save} step(s) to {sel(cfg, 'trainer.default_local_dir', '?')}, keeping "
+            f"every {save} step(s) to {folder}, keeping "
             + (f"the last {keep}" if keep else "all (trainer.max_actor_ckpt_to_keep unset)")
-            + f"; resume_mode {sel(cfg, 'trainer.resume_mode', 'auto')}"
+            + f"; {resume_plan(cfg, folder, report)}"
         )
     else:
         ckpt = "never (trainer.save_freq <= 0): a failure loses the run"
@@ -920,6 +922,59 @@ def _existing_parent(path: Path) -> Path:
     return path
 
 
+def checkpoint_folder(cfg, cwd: Path | None = None) -> Path:
+    """``trainer.default_local_dir`` as verl's trainer will use it: a relative path is relative to the
+    recipe's working directory (``cwd``; default this process's)."""
+    raw = str(sel(cfg, "trainer.default_local_dir", "checkpoints"))
+    return Path(raw) if Path(raw).is_absolute() else (cwd or Path.cwd()) / raw
+
+
+def resume_plan(cfg, folder: Path, report: Report) -> str:
+    """Where the run will start, as verl's ``_load_checkpoint`` will decide it: ``resume_mode auto``
+    loads the checkpoint that ``FOLDER/latest_checkpointed_iteration.txt`` names, found by verl's own
+    ``find_latest_ckpt_path``; ``resume_path`` loads ``trainer.resume_from_path``; ``disable`` starts over.
+
+    Error: the tracker file exists but verl finds no checkpoint from it: a number that is no
+    ``global_step_N`` folder there (verl would print a line, train from step 0 and overwrite the
+    folder's checkpoints at its first save), or no number (verl's resume raises after the workers
+    started). Nothing is deleted here.
+    Returns the plan's words ("resume_mode auto: resumes from global_step_6 (FOLDER/global_step_6)").
+    """
+    import contextlib
+    import io
+
+    mode = str(sel(cfg, "trainer.resume_mode", "auto"))
+    if mode == "disable":
+        return "resume_mode disable: starts from step 0"
+    if mode == "resume_path":
+        return f"resume_mode resume_path: resumes from {sel(cfg, 'trainer.resume_from_path', None)}"
+    tracker = folder / "latest_checkpointed_iteration.txt"
+    if not tracker.is_file():
+        return f"resume_mode {mode}: starts from step 0 (no checkpoint in the folder yet)"
+    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+
+    found = None
+    with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.suppress(ValueError):
+            found = find_latest_ckpt_path(str(folder))
+    if found is None:
+        text = tracker.read_text(errors="replace").strip()[:40]
+        what = (
+            f"but {folder} holds no global_step_{text} folder: verl would train from step 0 and overwrite this "
+            "folder's checkpoints at its first save"
+            if text.isdigit()
+            else "which is not a step number: verl's resume stops on it after the workers have started"
+        )
+        report.error(
+            "trainer.default_local_dir",
+            f"{tracker} names checkpoint {text!r}, {what}",
+            "restore that checkpoint folder, write the step of one that exists into the file, or start over on "
+            "purpose with trainer.resume_mode=disable (or another trainer.experiment_name)",
+        )
+        return f"resume_mode {mode}: no checkpoint found from {tracker.name} ({text!r})"
+    return f"resume_mode {mode}: resumes from {Path(found).name} ({found})"
+
+
 def check_checkpoint_storage(
     cfg, engine: str, params: int, report: Report, dry_run: bool = False, cwd: Path | None = None
 ) -> str | None:
@@ -946,7 +1001,7 @@ def check_checkpoint_storage(
         return None
     key = "trainer.default_local_dir"
     raw = str(sel(cfg, key, "checkpoints"))
-    folder = Path(raw) if Path(raw).is_absolute() else (cwd or Path.cwd()) / raw
+    folder = checkpoint_folder(cfg, cwd)
     contents = plain(sel(cfg, f"{A}.checkpoint.save_contents", ["model", "optimizer", "extra"])) or []
     table = CKPT_BYTES["megatron" if engine in ("megatron", "mindspeed") else "fsdp"]
     size = params * sum(table.get(c, 0) for c in contents)
@@ -966,7 +1021,7 @@ def check_checkpoint_storage(
         else (report.error, "")
     )
     line = (
-        f"every {save} step(s) to {folder}, {kept}; resume_mode {sel(cfg, 'trainer.resume_mode', 'auto')}; "
+        f"every {save} step(s) to {folder}, {kept}; {resume_plan(cfg, folder, report)}; "
         f"~{size / GB:.1f} GiB each ({'+'.join(contents)}, {engine}; estimate)"
     )
     if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
