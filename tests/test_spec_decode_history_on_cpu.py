@@ -741,11 +741,20 @@ def test_the_history_actor_name_is_scoped_to_the_model_and_budget():
 
 
 def _config_built_in_a_task(**spec):
-    """What verl's rollout server does, as a task of the calling Ray job: build the engine's
+    """What verl's rollout server does, in a Ray process of the calling job: build the engine's
     SpeculativeConfig (the patched vLLM's); it comes back pickled, as it reaches vLLM's workers."""
     from vllm.config import SpeculativeConfig
 
     return SpeculativeConfig(method="sam", num_speculative_tokens=3, **spec)
+
+
+class _RolloutServer:
+    """A Ray actor of the job, as verl's rollout server is: one process imports vLLM once and builds
+    every engine config of this test (a task per config started a worker, and an import of vLLM, for
+    each; one CI run on a loaded machine spent 284 s there)."""
+
+    def build(self, **spec):
+        return _config_built_in_a_task(**spec)
 
 
 def test_each_ray_job_gets_its_own_history_store(local_ray):
@@ -763,22 +772,31 @@ def test_each_ray_job_gets_its_own_history_store(local_ray):
     from npu_rl.spec_decode.vllm_proposer import _history_scope
 
     ray, ctx = local_ray
-    build = ray.remote(num_cpus=0)(_config_built_in_a_task)
-    spec = ray.get(build.remote(sam_history_mb=16), timeout=300)
+    server = ray.remote(num_cpus=0)(_RolloutServer).remote()
+    try:
+        spec, shared, off, again = ray.get(
+            [
+                server.build.remote(sam_history_mb=16),
+                server.build.remote(sam_history_mb=16, sam_history_scope="shared"),
+                server.build.remote(),  # history off: nothing to scope
+                server.build.remote(sam_history_mb=16),  # another engine of this job
+            ],
+            timeout=300,
+        )
+    finally:
+        ray.kill(server)
     job = ray.get_runtime_context().get_job_id()
     assert spec.sam_history_scope == f"ray-job-{job}"
-    assert ray.get(build.remote(sam_history_mb=16, sam_history_scope="shared"), timeout=300).sam_history_scope == (
-        "shared"
-    )
-    assert ray.get(build.remote(), timeout=300).sam_history_scope is None  # history off: nothing to scope
-    other = subprocess.run(  # a second job: another driver on the same cluster
+    assert shared.sam_history_scope == "shared"
+    assert off.sam_history_scope is None
+    other = subprocess.run(  # a second job: another driver on the same cluster, a Ray process of its job
         [
             sys.executable,
             "-c",
             "import json, ray\n"
             "from tests.test_spec_decode_history_on_cpu import _config_built_in_a_task\n"
             "ray.init(address='auto', log_to_driver=False)\n"
-            "spec = ray.get(ray.remote(num_cpus=0)(_config_built_in_a_task).remote(sam_history_mb=16))\n"
+            "spec = _config_built_in_a_task(sam_history_mb=16)\n"
             "print('RESULT ' + json.dumps([ray.get_runtime_context().get_job_id(), spec.sam_history_scope]))\n",
         ],
         capture_output=True,
@@ -797,7 +815,6 @@ def test_each_ray_job_gets_its_own_history_store(local_ray):
     assert other_job != job and other_scope == f"ray-job-{other_job}"
     model = SimpleNamespace(model_config=SimpleNamespace(model="/models/Qwen3-32B"))
     ours = _history_scope(from_speculative_config(spec), model)
-    again = ray.get(build.remote(sam_history_mb=16), timeout=300)  # another engine of this job
     assert _history_scope(from_speculative_config(again), model) == ours
     spec.sam_history_scope = other_scope
     assert _history_scope(from_speculative_config(spec), model) != ours

@@ -182,7 +182,7 @@ tests::main_job() {
     #    overlong shaping, four mini-batches a step with the old-log-prob pass), and both DAPO mechanisms
     #    leave their trace (--dapo). It must learn to stop as well as to answer (3 tokens instead of 1);
     #    with groups of 32 its four runs we know were 0.81-1.0 at step 8 and 1.0 at step 12, so CI runs 12
-    #    of the recipe's 16 steps (validation at 0, 4, 8, 12) and its gate is the GRPO run's
+    #    of the recipe's 16 steps (validation at 0, 6, 12: --dapo compares the first and last) and its gate is the GRPO run's
     #    (DAPO_FINAL_VAL, 0.9). The steps after are the dear ones: with most groups right, dynamic
     #    sampling generates until 32 groups with a signal are found (clean-clone CI of 2026-12-07: steps
     #    1-12 took 21-35 s, steps 13-16 35, 38, 78 and 121 s, 102 and 144 groups dropped at 15 and 16).
@@ -206,7 +206,7 @@ tests::main_job() {
         trainer.experiment_name=qwen3-toy-grpo-lr0
     CPU_RUN_RECIPE=recipes/qwen3-tiny/dapo_learn_cpu.sh CPU_RUN_ENV=$env_learn CPU_RUN_CHANCE=$chance \
         tests::cpu_run main-job-dapo "$((total / 3))" --min-steps 12 --learned $chance --final-val "${DAPO_FINAL_VAL:-0.9}" --dapo \
-        --require "${features[@]}" -- trainer.total_training_steps=12
+        --require "${features[@]}" -- trainer.total_training_steps=12 trainer.test_freq=6
 }
 
 tests::main_job_async() {
@@ -214,7 +214,7 @@ tests::main_job_async() {
     # and rollouter pools, staleness 0.5, partial rollout on, a weight sync after each trainer step of
     # 8 prompts x 32): the toy task from chance to a validation score >= ASYNC_FINAL_VAL (0.8),
     # checked by npu_rl.e2e check-async (queue, live sync, staleness, rollout vs actor, then learning;
-    # docs/e2e.md). CI runs 48 of the recipe's 80 weight versions (validation at 0, 16, 32, 48; the
+    # docs/e2e.md). CI runs 48 of the recipe's 80 weight versions (validation at 0, 24, 48; the
     # trainer logs 47 steps: the last is flushed only off a validation step). Its 80-version runs with
     # groups of 32: 0.748 / 0.866 / 0.866 / 0.866 at versions 20-80 (clean-clone CI at e284f23), 0.54 /
     # 1.0 and 0.54 / 0.881 / 1.0 / 1.0 (2026-12-07, the second in a clean-clone CI): one update per 8
@@ -225,7 +225,7 @@ tests::main_job_async() {
     CPU_RUN_RECIPE=recipes/qwen3-tiny/grpo_learn_cpu_fully_async.sh CPU_RUN_ENV=recipes/qwen3-tiny/env_cpu_async_learn.sh \
         CPU_RUN_CHECK=check-async CPU_RUN_CHANCE=0.1 tests::cpu_run main-job-async "${NPU_RL_ASYNC_JOB_TIMEOUT:-1200}" \
         --min-steps 47 --learned 0.1 --final-val "${ASYNC_FINAL_VAL:-0.8}" -- \
-        rollout.total_rollout_steps=384 trainer.test_freq=16
+        rollout.total_rollout_steps=384 trainer.test_freq=24
 }
 
 tests::ray_local() {
